@@ -1,0 +1,202 @@
+"""Service settings: /etc/gptoss-spark/gptoss-spark.toml -> validated, typed objects.
+
+One source of truth for ports, paths, timeouts and policies. Profiles (what the
+engine runs) live in profiles.py; this module only says where to find them.
+Every error a user can cause ends in a ConfigError naming file, key and fix.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/gptoss-spark/gptoss-spark.toml")
+CONFIG_ENV_VAR = "GPTOSS_SPARK_CONFIG"
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos until proven otherwise: reject them.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSettings(_Section):
+    dir: Path = Path("/srv/models/gpt-oss-120b")
+    served_name: str = Field("gptoss", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    # Eagle3 draft head for the spec profile ({eagle3_dir} in profiles).
+    eagle3_dir: Path = Path("/srv/models/gpt-oss-120b-Eagle3")
+    # Directory holding o200k_base.tiktoken, so the engine never downloads it.
+    tiktoken_dir: Path | None = None
+
+
+class EngineSettings(_Section):
+    # Loopback by default: vLLM's OpenAI API has no auth unless api_key_file is set.
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=1, le=65535)
+    # Interpreter that runs vLLM; empty = the one running the supervisor (same venv).
+    python: str = ""
+    # File holding the key clients must send on /v1 (vLLM --api-key); none = open.
+    api_key_file: Path | None = None
+    # Pin the engine to these CPUs (tests, shared hosts); empty = no pinning.
+    cpu_affinity: list[int] = []
+
+
+class AdminSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8101, ge=1, le=65535)
+    token_file: Path = Path("/etc/gptoss-spark/admin.token")
+
+
+class PathSettings(_Section):
+    state_dir: Path = Path("/var/lib/gptoss-spark")
+    # Profile directories, read in order; a later file with the same name wins.
+    # profiles/ holds the shipped ones (installed once, then yours to edit),
+    # profiles.d/ your own.
+    profile_dirs: list[Path] = [Path("/etc/gptoss-spark/profiles"), Path("/etc/gptoss-spark/profiles.d")]
+
+
+class TimeoutSettings(_Section):
+    # Seconds. load: engine start to /health 200 (first start on a Spark: minutes).
+    load: float = Field(1800.0, gt=0)
+    canary: float = Field(60.0, gt=0)
+    # Bounded wait for running requests before stop (SIGTERM, profile switch).
+    drain: float = Field(30.0, ge=0)
+    # After SIGTERM to the engine, how long before SIGKILL of its process group.
+    shutdown_grace: float = Field(15.0, gt=0)
+    # Health probe cadence while ready, and how long one probe may take.
+    probe_interval: float = Field(5.0, gt=0)
+    probe_timeout: float = Field(5.0, gt=0)
+
+
+class RestartSettings(_Section):
+    backoff_initial: float = Field(2.0, gt=0)
+    backoff_max: float = Field(60.0, gt=0)
+    # Give up (state failed) after this many crashes within window seconds.
+    max_crashes: int = Field(5, ge=1)
+    window: float = Field(600.0, gt=0)
+    # What giving up means: "stay" keeps the supervisor (and admin API) up in
+    # state failed so a human or a profile change can recover; "exit" exits
+    # non-zero and leaves it to systemd's Restart= policy.
+    on_give_up: Literal["stay", "exit"] = "stay"
+
+
+class WedgeSettings(_Section):
+    # Idle canary every this many seconds while ready (0 = off).
+    canary_interval: float = Field(60.0, ge=0)
+    # Requests running but vllm:generation_tokens_total unchanged this long = wedged.
+    stall_seconds: float = Field(120.0, gt=0)
+
+
+class MemorySettings(_Section):
+    # Unified memory: running out freezes the host instead of an OOM kill.
+    # Refuse to start unless MemAvailable >= the profile's memory_gib + this.
+    start_floor_gib: float = Field(4.0, ge=0)
+    # While running: stop the engine if MemAvailable drops below this ...
+    danger_available_gib: float = Field(2.0, ge=0)
+    # ... or the memory PSI "some avg10" exceeds this percentage.
+    danger_psi_some_avg10: float = Field(40.0, gt=0, le=100)
+    check_interval: float = Field(1.0, gt=0)
+
+
+class Settings(_Section):
+    source: Path | None = Field(None, exclude=True)
+    default_profile: str = "plain"
+    model: ModelSettings = ModelSettings()
+    engine: EngineSettings = EngineSettings()
+    admin: AdminSettings = AdminSettings()
+    paths: PathSettings = PathSettings()
+    timeouts: TimeoutSettings = TimeoutSettings()
+    restart: RestartSettings = RestartSettings()
+    wedge: WedgeSettings = WedgeSettings()
+    memory: MemorySettings = MemorySettings()
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> "Settings":
+        if self.engine.port == self.admin.port:
+            raise ValueError("engine.port and admin.port must differ")
+        return self
+
+    # Caches live under the state dir so a restart (and a reboot) compiles nothing.
+    @property
+    def cache_dir(self) -> Path:
+        return self.paths.state_dir / "cache"
+
+    def cache_env(self) -> dict[str, str]:
+        c = self.cache_dir
+        return {
+            "VLLM_CACHE_ROOT": str(c / "vllm"),
+            "FLASHINFER_WORKSPACE_BASE": str(c / "flashinfer"),
+            "TRITON_CACHE_DIR": str(c / "triton"),
+            "HUMMING_CACHE_DIR": str(c / "humming"),
+            "TORCHINDUCTOR_CACHE_DIR": str(c / "inductor"),
+            "XDG_CACHE_HOME": str(c / "xdg"),
+        }
+
+    @property
+    def state_file(self) -> Path:
+        return self.paths.state_dir / "state.json"
+
+    @property
+    def run_dir(self) -> Path:
+        # Per-engine TMPDIRs (zmq sockets, inductor scratch): cleaned after each stop.
+        return self.paths.state_dir / "run"
+
+
+def resolve_config_path(cli_path: str | os.PathLike[str] | None = None) -> Path:
+    if cli_path:
+        return Path(cli_path)
+    env = os.environ.get(CONFIG_ENV_VAR)
+    return Path(env) if env else DEFAULT_CONFIG_PATH
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """Parse a TOML file or raise a one-line ConfigError."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(path, None, f"{what} not found",
+                          "create it (see etc/ in the source tree) or point --config / "
+                          f"{CONFIG_ENV_VAR} at the right file") from None
+    except PermissionError:
+        raise ConfigError(path, None, f"{what} is not readable by this user",
+                          "run as root or as the gptoss-spark user") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, f"{what} is a directory", "give the path of the .toml file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, None, f"not valid TOML ({e})", "fix the syntax at that line") from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, None, "not UTF-8 text", "save the file as UTF-8") from None
+
+
+def validation_to_config_error(path: Path, err: ValidationError, prefix: str = "") -> ConfigError:
+    """Turn pydantic's report into one line about its first problem."""
+    first = err.errors()[0]
+    key = prefix + ".".join(str(p) for p in first["loc"])
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return ConfigError(path, key, "unknown key", "remove it or check its spelling (see docs/CONFIGURATION.md)")
+    if kind == "missing":
+        return ConfigError(path, key, "required key is missing", "add it")
+    got = first.get("input")
+    shown = repr(got) if not isinstance(got, (dict, list)) or len(repr(got)) < 60 else type(got).__name__
+    msg = first["msg"].removeprefix("Value error, ")
+    return ConfigError(path, key or None, f"{msg} (got {shown})", "correct the value")
+
+
+def load_settings(path: Path | None = None, *, must_exist: bool = True) -> Settings:
+    """Load and validate the settings file. A missing default file is only OK when must_exist=False."""
+    path = path or resolve_config_path()
+    if not path.exists() and not must_exist:
+        return Settings()
+    data = read_toml(path, "config file")
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as e:
+        raise validation_to_config_error(path, e) from None
+    return settings.model_copy(update={"source": path})

@@ -1,0 +1,25 @@
+"""Errors a user can cause. Each renders as one line: what is wrong and how to fix it."""
+
+
+class UserError(Exception):
+    """A problem the user can fix; the CLI prints str(err) and exits non-zero, no traceback."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """Bad settings or profile file. The message names the file, the key and the fix."""
+
+    def __init__(self, file: object, key: str | None, problem: str, fix: str):
+        self.file = str(file)
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        where = f"{self.file}: {key}" if key else self.file
+        super().__init__(f"{where}: {problem}; {fix}")
+
+
+class RequirementError(UserError):
+    """A profile's declared requirement is not met on this host (e.g. the Eagle3 head is missing)."""
+
+    exit_code = 3

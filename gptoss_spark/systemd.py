@@ -1,0 +1,67 @@
+"""sd_notify: the only channel through which systemd learns our state.
+
+Thin over sdnotify. Without NOTIFY_SOCKET (run by hand) every call is a no-op.
+The socket path is taken once and removed from os.environ, so no child (the
+engine) can ever inherit it and send READY=1 on our behalf.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import sdnotify
+
+
+class Notifier:
+    def __init__(self, socket_path: str | None = None):
+        path = socket_path if socket_path is not None else os.environ.pop("NOTIFY_SOCKET", None)
+        self.enabled = bool(path)
+        self._n: sdnotify.SystemdNotifier | None = None
+        if path:
+            # sdnotify reads NOTIFY_SOCKET at construction; give it ours just for that moment.
+            saved = os.environ.get("NOTIFY_SOCKET")
+            os.environ["NOTIFY_SOCKET"] = path
+            try:
+                self._n = sdnotify.SystemdNotifier(debug=False)
+            finally:
+                if saved is None:
+                    os.environ.pop("NOTIFY_SOCKET", None)
+                else:
+                    os.environ["NOTIFY_SOCKET"] = saved
+
+    def send(self, *lines: str) -> None:
+        if self._n is not None:
+            self._n.notify("\n".join(lines))
+
+    def ready(self, status: str) -> None:
+        self.send("READY=1", f"STATUS={status}")
+
+    def reloading(self, status: str) -> None:
+        # systemd >= 253 wants MONOTONIC_USEC with RELOADING=1 (Type=notify-reload); harmless before.
+        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+        self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", f"STATUS={status}")
+
+    def stopping(self, status: str) -> None:
+        self.send("STOPPING=1", f"STATUS={status}")
+
+    def status(self, status: str) -> None:
+        self.send(f"STATUS={status}")
+
+    def extend_timeout(self, seconds: float) -> None:
+        self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
+
+    def watchdog(self) -> None:
+        self.send("WATCHDOG=1")
+
+
+def watchdog_interval() -> float | None:
+    """Half of systemd's WatchdogSec (WATCHDOG_USEC), if it is for us; None if no watchdog."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 2_000_000
+    except ValueError:
+        return None
