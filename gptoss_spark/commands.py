@@ -1,4 +1,4 @@
-"""Core subcommands: serve, check. (Feature modules register their own.)"""
+"""Core subcommands (serve, check). Feature modules register their own in cli.COMMAND_MODULES."""
 
 from __future__ import annotations
 
@@ -6,4 +6,4 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from . import serve_cmd  # noqa: F401  (filled in by the service-core work)
+    pass  # serve/check land with the supervisor
