@@ -1,9 +1,70 @@
-"""Core subcommands (serve, check). Feature modules register their own in cli.COMMAND_MODULES."""
+"""Core subcommands: `serve` (the unit's ExecStart) and `check` (validate settings and profiles)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+
+import structlog
+
+from . import logs
+from .config import load_settings, resolve_config_path
+from .profiles import get_profile, load_profiles
+from .state import StateStore
+from .supervisor import Supervisor
+from .systemd import Notifier
+
+log = structlog.get_logger("gptoss_spark")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass  # serve/check land with the supervisor
+    p = sub.add_parser("serve", help="run the supervisor and its engine (what the systemd unit starts)")
+    p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("check", help="validate the settings, the profiles and the active profile's requirements")
+    p.add_argument("--config")
+    p.add_argument("--profile", help="check this profile's requirements (default: the active one)")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    settings = load_settings(resolve_config_path(args.config))
+    profiles = load_profiles(settings)
+    name = args.profile or StateStore(settings.state_file).load().active_profile or settings.default_profile
+    profile = get_profile(profiles, name, settings)
+    profile.check_requirements(settings)
+    print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
+          f"profile {name} can start")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    logs.configure(args.log_level)
+    notifier = Notifier()  # takes NOTIFY_SOCKET out of the environment before anything can inherit it
+    settings = load_settings(resolve_config_path(args.config))
+    supervisor = Supervisor(settings, notifier=notifier)
+    supervisor.initial_profile()  # a bad default_profile is a config error: exit before anything starts
+    return asyncio.run(_serve(supervisor))
+
+
+async def _serve(supervisor: Supervisor) -> int:
+    supervisor.install_signal_handlers(asyncio.get_running_loop())
+    admin = _start_admin(supervisor)
+    try:
+        return await supervisor.run()
+    finally:
+        if admin is not None:
+            admin.cancel()
+            await asyncio.gather(admin, return_exceptions=True)
+
+
+def _start_admin(supervisor: Supervisor) -> asyncio.Task[None] | None:
+    try:
+        from .admin import run_admin_server
+    except ImportError:
+        log.warning("admin API not available in this build")
+        return None
+    return asyncio.create_task(run_admin_server(supervisor, supervisor.settings), name="admin-api")
+

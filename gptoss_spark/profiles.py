@@ -10,6 +10,7 @@
 
 Placeholders {model_dir}, {eagle3_dir} and {served_name} are filled from the
 settings in args, env values and required paths: a profile names each fact once.
+Any other {lowercase_word} is an error (a typo); JSON braces are left alone.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .errors import ConfigError, RequirementError
 
 PROFILE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 PLACEHOLDERS = ("model_dir", "eagle3_dir", "served_name")
+_PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 # Arguments the supervisor sets from the settings; a profile may not set them,
 # or the engine would listen somewhere the probes do not look.
@@ -86,11 +88,15 @@ class Profile:
     def _fill(self, text: str, settings: Settings, key: str) -> str:
         values = {"model_dir": str(settings.model.dir), "eagle3_dir": str(settings.model.eagle3_dir),
                   "served_name": settings.model.served_name}
-        try:
-            return text.format_map(values)
-        except (KeyError, ValueError, IndexError) as e:
-            raise ConfigError(self.source, key, f"bad placeholder in {text!r} ({e})",
-                              f"use only {{{'}, {'.join(PLACEHOLDERS)}}} and write literal braces as {{{{ }}}}") from None
+
+        # Only {lowercase_word} is a placeholder, so JSON values like '{"method": ...}' pass untouched.
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) not in values:
+                raise ConfigError(self.source, key, f"unknown placeholder {m.group(0)} in {text!r}",
+                                  f"use one of {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+            return values[m.group(1)]
+
+        return _PLACEHOLDER_RE.sub(sub, text)
 
     def engine_args(self, settings: Settings) -> list[str]:
         return [self._fill(a, settings, "engine.args") for a in self.args]

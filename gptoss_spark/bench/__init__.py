@@ -1,0 +1,17 @@
+"""Benchmark and load test against the served OpenAI-compatible endpoint.
+
+Pure client code: httpx only, never vLLM or torch, so it runs from the
+service's venv or from a thin client venv.
+
+    prompts   the prompts file (shipped: gptoss_spark/data/prompts.jsonl)
+    request   one streamed request -> RequestRecord (timing, usage, validity)
+    stats     decode rate, percentiles, summaries
+    target    what the server serves (model name, version), reachability
+    snapshot  host facts recorded with every result
+    single    `bench`: the seed's single-stream protocol
+    load      `loadtest`: N concurrent users
+    compare   `bench compare A.json B.json`
+    render    human tables and the TTY progress line
+    seed      the seed project's published Spark figures (the seed's, not ours)
+    commands  CLI registration
+"""

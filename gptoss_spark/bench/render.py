@@ -1,0 +1,145 @@
+"""Human output: the TTY progress line and the result tables."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from .seed import SEED_LABEL, SEED_LOADTEST, SEED_SINGLE_STREAM_TOK_S
+
+
+class Progress:
+    """One self-overwriting status line on stderr, only when stderr is a terminal."""
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._shown = False
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write("\r\x1b[K" + text)
+            self.stream.flush()
+            self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
+def _f(value, fmt: str = ".1f", none: str = "-") -> str:
+    return none if value is None else format(value, fmt)
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def _header(result: dict, title: str) -> list[str]:
+    t, p, h = result["target"], result["protocol"], result["host"]
+    gpus = (h.get("gpu") or {}).get("gpus")
+    gpu = ", ".join(g["name"] for g in gpus) if gpus else "none"
+    prof = h.get("active_profile") or {}
+    profile = prof.get("active") or f"unknown ({prof.get('reason', 'admin API did not answer')})"
+    where = "DGX Spark" if h.get("is_dgx_spark") else "NOT a DGX Spark"
+    proto = f"{p['endpoint']}, max_tokens {p['max_tokens']}, temperature {p['temperature']:g}"
+    if p.get("reasoning_effort"):
+        proto += f", reasoning_effort {p['reasoning_effort']}"
+    if p.get("ignore_eos"):
+        proto += ", ignore_eos"
+    return [
+        f"{title}  {t['base_url']}  model {t['model']}" + (f"  (server vLLM {t['server_version']})" if t.get("server_version") else ""),
+        f"host {h.get('hostname')} ({h.get('machine')}), GPU: {gpu}, profile: {profile}  [{where}]",
+        f"protocol: {proto}, {p['warmup']} warm-up",
+        "",
+    ]
+
+
+def render_bench(result: dict) -> str:
+    s = result["summary"]
+    lines = _header(result, "gptoss-spark bench")
+    rows = []
+    for r in result["requests"]:
+        note = "; ".join(r["warnings"]) if r["valid"] else "INVALID: " + r["invalid_reason"]
+        rows.append([str(r["index"] + 1), r["prompt_id"], _f(r["completion_tokens"], "d"), _f(r["ttft_s"], ".3f"),
+                     _f(r["decode_tok_s"]), note])
+    lines += _table(["#", "prompt", "tokens", "TTFT s", "decode tok/s", "note"], rows, right={0, 2, 3, 4})
+    d, t = s["decode_tok_s"], s["ttft_s"]
+    lines += [
+        "",
+        f"decode tok/s  median {_f(d['median'])}  mean {_f(d['mean'])}  min {_f(d['min'])}  max {_f(d['max'])}"
+        f"   ({s['valid_requests']}/{s['requests']} valid)",
+        f"TTFT s        median {_f(t['median'], '.3f')}  min {_f(t['min'], '.3f')}  max {_f(t['max'], '.3f')}",
+    ]
+    lines += _reference_single(result)
+    return "\n".join(lines) + "\n"
+
+
+def _reference_single(result: dict) -> list[str]:
+    profile = (result["host"].get("active_profile") or {}).get("active")
+    shown = {profile: SEED_SINGLE_STREAM_TOK_S[profile]} if profile in SEED_SINGLE_STREAM_TOK_S else SEED_SINGLE_STREAM_TOK_S
+    lines = ["", "reference (" + SEED_LABEL + "; chat, 4 x 512 tokens, reasoning_effort low):"]
+    lines += [f"  {name} profile: {value} tok/s single stream" for name, value in shown.items()]
+    if not result["host"].get("is_dgx_spark"):
+        lines.append("  this host is not a DGX Spark: its numbers are not comparable with the seed's")
+    return lines
+
+
+def render_loadtest(result: dict) -> str:
+    s, p = result["summary"], result["protocol"]
+    lines = _header(result, "gptoss-spark loadtest")
+    lines.append(f"{p['users']} users x {p['requests_per_user']} request(s) each, all started together")
+    lines.append("")
+    ttft, pu = s["ttft_s"], s["per_user_decode_tok_s"]
+    rows = [
+        ["aggregate tok/s", _f(s["aggregate_tok_s"]), f"{s['completion_tokens_total']} tokens / {s['makespan_s']:.2f} s makespan"],
+        ["TTFT s p50", _f(ttft["p50"], ".3f"), ""],
+        ["TTFT s p90", _f(ttft["p90"], ".3f"), f"max {_f(ttft['max'], '.3f')}"],
+        ["per-user decode tok/s", _f(pu["median"]), f"median; min {_f(pu['min'])}, max {_f(pu['max'])}"],
+        ["requests valid", f"{s['valid_requests']}/{s['requests']}", f"decoding at once (observed): {s['observed_concurrency']}"],
+    ]
+    lines += _table(["metric", "value", ""], rows, right={1})
+    if result["invalid"]:
+        lines += ["", "invalid requests:"]
+        lines += [f"  #{i['index'] + 1} (user {i['user']}): {i['reason']}" for i in result["invalid"]]
+    ref = SEED_LOADTEST["plain"]
+    lines += ["", f"reference ({SEED_LABEL}): plain profile, {ref['users']} users: "
+                  f"{ref['aggregate_tok_s']} tok/s aggregate, TTFT median {ref['ttft_p50_s']} s"]
+    if not result["host"].get("is_dgx_spark"):
+        lines.append("  this host is not a DGX Spark: its numbers are not comparable with the seed's")
+    return "\n".join(lines) + "\n"
+
+
+def render_compare(cmp: dict, name_a: str, name_b: str) -> str:
+    lines = [f"A: {name_a}  ({_host(cmp['hosts']['a'])})", f"B: {name_b}  ({_host(cmp['hosts']['b'])})", ""]
+    rows = []
+    for r in cmp["rows"]:
+        fmt = ".3f" if "TTFT" in r["metric"] or "makespan" in r["metric"] else ".1f"
+        ratio = _f(r["ratio_b_over_a"], ".3f")
+        if r["ratio_b_over_a"] is not None and r["higher_is_better"] is not None and r["ratio_b_over_a"] != 1:
+            better = (r["ratio_b_over_a"] > 1) == r["higher_is_better"]
+            ratio += "  (B better)" if better else "  (B worse)"
+        rows.append([r["metric"], _fmt_num(r["a"], fmt), _fmt_num(r["b"], fmt), ratio])
+    lines += _table(["metric", "A", "B", "B/A"], rows, right={1, 2})
+    if cmp["protocol_differences"]:
+        lines += ["", "protocol differs (ratios compare unlike runs):"]
+        lines += [f"  {k}: A={v['a']!r} B={v['b']!r}" for k, v in cmp["protocol_differences"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_num(v, fmt: str) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "-" if v is None else str(v)
+    return str(v) if isinstance(v, int) else format(v, fmt)
+
+
+def _host(h: dict) -> str:
+    spark = "DGX Spark" if h.get("is_dgx_spark") else "not a Spark"
+    return f"{h.get('hostname')}, {spark}, profile {h.get('active_profile') or 'unknown'}, {h.get('started_at')}"

@@ -1,0 +1,28 @@
+"""The seed project's published figures (REFERENCE.md §3).
+
+These are the seed's numbers, measured by the seed on a DGX Spark with its own
+Docker image (vLLM 0.28.1rc1 nightly + patches). Nothing in this repository
+measured them; every place that shows them labels them as the seed's.
+"""
+
+from __future__ import annotations
+
+SEED_LABEL = "seed's Spark figure (luka-loehr/gptoss-spark 0.2.0, not measured here)"
+
+# Seed protocol: 4 requests x 512 tokens, temperature 0, reasoning_effort low,
+# streamed chat completions, decode median.
+SEED_SINGLE_STREAM_TOK_S = {"plain": 64.3, "spec": 68.9}
+
+# 30 concurrent users, plain profile only.
+SEED_LOADTEST = {"plain": {"users": 30, "aggregate_tok_s": 299.5, "ttft_p50_s": 1.2}}
+
+
+def single_stream_reference(profile: str | None) -> float | None:
+    return SEED_SINGLE_STREAM_TOK_S.get(profile or "")
+
+
+def loadtest_reference(profile: str | None, users: int) -> dict | None:
+    ref = SEED_LOADTEST.get(profile or "")
+    if ref and ref["users"] == users:
+        return ref
+    return None

@@ -1,0 +1,79 @@
+"""What the server at base_url serves, checked before any measured request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from ..errors import UserError
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8100"
+DEFAULT_MODEL = "gptoss"
+
+
+class ServerUnreachable(UserError):
+    """The endpoint does not answer: the service is down or the URL is wrong."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str
+    model: str
+    served_models: tuple[str, ...]
+    max_model_len: int | None
+    server_version: str | None
+
+
+def resolve_target(base_url: str, model: str | None, timeout: float = 10.0) -> Target:
+    """Ask /v1/models which model to use; /version for vLLM's version (optional)."""
+    base_url = base_url.rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        raise UserError(f"--url {base_url!r} is not an http(s) URL; pass e.g. --url {DEFAULT_BASE_URL}")
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            resp = client.get(base_url + "/v1/models")
+            version = None
+            try:
+                vr = client.get(base_url + "/version")
+                if vr.status_code == 200:
+                    version = vr.json().get("version")
+            except (httpx.HTTPError, ValueError):
+                pass
+    except httpx.HTTPError as e:
+        raise ServerUnreachable(
+            f"cannot reach {base_url} ({type(e).__name__}: {e}); is the service running? "
+            "check `systemctl status gptoss-spark` or pass --url"
+        ) from None
+    if resp.status_code != 200:
+        raise ServerUnreachable(
+            f"{base_url}/v1/models answered HTTP {resp.status_code}; the engine is not ready "
+            "(check `gptoss-spark status` / the journal) or --url points elsewhere"
+        )
+    try:
+        data = resp.json().get("data") or []
+        served = {m["id"]: m for m in data}
+    except (ValueError, AttributeError, KeyError, TypeError):
+        raise ServerUnreachable(f"{base_url}/v1/models is not an OpenAI model list; pass --url of the vLLM endpoint") from None
+    chosen = _choose_model(model, served, base_url)
+    return Target(
+        base_url=base_url,
+        model=chosen,
+        served_models=tuple(served),
+        max_model_len=served[chosen].get("max_model_len"),
+        server_version=version,
+    )
+
+
+def _choose_model(model: str | None, served: dict, base_url: str) -> str:
+    if model is not None:
+        if model not in served:
+            raise UserError(f"{base_url} serves {sorted(served)}, not {model!r}; pass --model with one of those")
+        return model
+    if DEFAULT_MODEL in served:
+        return DEFAULT_MODEL
+    if len(served) == 1:
+        return next(iter(served))
+    raise UserError(f"{base_url} serves {sorted(served)} and none is {DEFAULT_MODEL!r}; pass --model NAME")

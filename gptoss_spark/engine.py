@@ -1,0 +1,234 @@
+"""One engine process: argv/env from a profile, spawn, pass its output through, stop its whole tree.
+
+This module never decides policy (when to restart, what counts as wedged):
+that is the supervisor's. It only knows how to run one vLLM server and how to
+make sure that, once stopped, nothing of it is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from .config import Settings
+from .profiles import Profile
+
+log = structlog.get_logger("gptoss_spark.engine")
+engine_log = structlog.get_logger("engine")
+
+# Variables that belong to the supervisor alone: a child that inherited
+# NOTIFY_SOCKET could tell systemd READY=1 on our behalf.
+_SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+def engine_shutdown_timeout(settings: Settings) -> int:
+    """vLLM's own --shutdown-timeout: it must finish before our SIGKILL at shutdown_grace.
+
+    vLLM's default (0) can hang forever on SIGTERM with a request in flight
+    (TESTING.md), so it is always set, and always below our grace.
+    """
+    return max(1, math.floor(settings.timeouts.shutdown_grace / 2))
+
+
+def build_argv(settings: Settings, profile: Profile) -> list[str]:
+    python = settings.engine.python or sys.executable
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(settings.model.dir),
+        "--served-model-name", settings.model.served_name,
+        "--host", settings.engine.host,
+        "--port", str(settings.engine.port),
+        "--shutdown-timeout", str(engine_shutdown_timeout(settings)),
+        *profile.engine_args(settings),
+    ]
+    if settings.engine.cpu_affinity:
+        argv = ["taskset", "-c", ",".join(map(str, settings.engine.cpu_affinity)), *argv]
+    return argv
+
+
+def read_api_key(settings: Settings) -> str | None:
+    path = settings.engine.api_key_file
+    if path is None:
+        return None
+    key = path.read_text().strip()
+    return key or None
+
+
+def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    for k in _SUPERVISOR_ONLY_ENV:
+        env.pop(k, None)
+    env.update(settings.cache_env())
+    env.update({
+        "TMPDIR": str(tmpdir),
+        "PYTHONUNBUFFERED": "1",
+        # A host service phones nobody home.
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    })
+    if settings.model.tiktoken_dir is not None:
+        env["TIKTOKEN_ENCODINGS_BASE"] = str(settings.model.tiktoken_dir)
+    key = read_api_key(settings)
+    if key:
+        # Through the environment, not argv: argv is world-readable in /proc.
+        env["VLLM_API_KEY"] = key
+    env.update(profile.engine_env(settings))
+    return env
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is sid: the engine and every child it made."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the ")" of comm: state ppid pgrp session ...
+        rest = stat[stat.rfind(b")") + 2:].split()
+        if rest[0] == b"Z":
+            continue
+        if int(rest[3]) == sid:
+            members.append(int(entry))
+    return members
+
+
+class EngineProcess:
+    """A vLLM OpenAI server in its own session (so its whole tree can be signalled and found)."""
+
+    def __init__(self, settings: Settings, profile: Profile, *, argv: list[str] | None = None,
+                 env: dict[str, str] | None = None, tail_lines: int = 40):
+        self.settings = settings
+        self.profile = profile
+        self._argv = argv
+        self._env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.tmpdir: Path | None = None
+        self.started_at: float | None = None
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._pump: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def base_url(self) -> str:
+        host = self.settings.engine.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.settings.engine.port}"
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc else None
+
+    def last_output(self, n: int = 5) -> str:
+        return " | ".join(list(self.tail)[-n:])
+
+    async def start(self) -> None:
+        run_dir = self.settings.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.tmpdir = Path(os.path.join(run_dir, f"engine-{os.getpid()}-{time.monotonic_ns()}"))
+        self.tmpdir.mkdir(mode=0o700)
+        for d in self.settings.cache_env().values():
+            Path(d).mkdir(parents=True, exist_ok=True)
+        argv = self._argv or build_argv(self.settings, self.profile)
+        env = self._env if self._env is not None else build_env(self.settings, self.profile, self.tmpdir)
+        env = {**env, "TMPDIR": str(self.tmpdir)}
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # own session + process group: the unit of stop
+        )
+        self.started_at = time.monotonic()
+        self._pump = asyncio.create_task(self._pass_output(), name=f"engine-output-{self.proc.pid}")
+        log.info("engine spawned", pid=self.proc.pid, profile=self.profile.name, argv=" ".join(argv))
+
+    async def _pass_output(self) -> None:
+        assert self.proc and self.proc.stdout
+        pid = self.proc.pid
+        while True:
+            raw = await self.proc.stdout.readline()
+            if not raw:
+                return
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                self.tail.append(line)
+                engine_log.info(line, pid=pid, profile=self.profile.name)
+
+    async def wait(self) -> int:
+        assert self.proc
+        rc = await self.proc.wait()
+        if self._pump:
+            try:
+                await asyncio.wait_for(self._pump, 2)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+        return rc
+
+    async def stop(self, grace: float | None = None) -> float:
+        """SIGTERM the engine's group, SIGKILL it after grace, return once no process of the tree remains.
+
+        Returns the seconds it took. Raises RuntimeError if processes survive SIGKILL (stuck in D state).
+        """
+        if self.proc is None:
+            return 0.0
+        grace = self.settings.timeouts.shutdown_grace if grace is None else grace
+        t0 = time.monotonic()
+        sid = self.proc.pid
+        if self.proc.returncode is None:
+            self._signal_group(sid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except asyncio.TimeoutError:
+                log.warning("engine ignored SIGTERM, killing its process group", pid=sid, grace=grace)
+        # The main process may be gone while children it forked live on: always sweep the session.
+        await self._kill_session(sid)
+        if self.proc.returncode is None:
+            await self.proc.wait()
+        if self._pump:
+            self._pump.cancel()
+        self._cleanup_tmpdir()
+        took = time.monotonic() - t0
+        log.info("engine stopped", pid=sid, rc=self.proc.returncode, seconds=round(took, 2))
+        return took
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    async def _kill_session(self, sid: int, deadline: float = 10.0) -> None:
+        t_end = time.monotonic() + deadline
+        while True:
+            members = _session_members(sid)
+            if not members:
+                return
+            self._signal_group(sid, signal.SIGKILL)
+            for pid in members:  # members that moved to another process group
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"engine processes survive SIGKILL: {members}")
+            await asyncio.sleep(0.05)
+
+    def _cleanup_tmpdir(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)

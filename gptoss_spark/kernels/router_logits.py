@@ -1,0 +1,76 @@
+"""Router GEMM for decode: partial logits[s, m, e] = x[m, ks] . Wr[e, ks] over K-split s.
+
+Why split K and not rows only: E is 128 (120b) or 32 (20b), so a grid over
+experts alone gives 8 or 2 programs, too few to pull the 0.7 MB router weight
+at full bandwidth. The SPLIT_K partial sums (fp32, a few KB) are added up,
+with the bias, in the expert kernel's top-k prologue: no atomics, no zeroing,
+deterministic, one launch.
+
+Why M <= 32 costs the same as M = 1: tokens are the N side of a tensor-core
+dot padded to M_PAD (16 or 32) columns, and the weight is read once for all
+of them. cuBLAS picks a different, slower kernel at M = 2 (REFERENCE.md §3).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def router_logits_kernel(
+    x_ptr, w_ptr, partial_ptr,
+    M, E, K, K_PER_SPLIT,
+    stride_xm, stride_we,
+    M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_e = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_m = tl.arange(0, M_PAD)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_E, M_PAD), dtype=tl.float32)
+    k_begin = pid_k * K_PER_SPLIT
+    for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :],
+                    mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0)
+        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
+                     mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0)
+        acc = tl.dot(w, xt, acc)
+    out = partial_ptr + pid_k * M_PAD * E + offs_m[None, :] * E + offs_e[:, None]
+    tl.store(out, acc, mask=offs_e[:, None] < E)
+
+
+def m_pad_for(m: int) -> int:
+    """Token columns of the tensor-core tile: one compiled variant per bucket."""
+    if m <= 16:
+        return 16
+    if m <= 32:
+        return 32
+    raise ValueError(f"decode kernels take at most 32 tokens, got {m}")
+
+
+def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, split_k: int = 9,
+                          block_e: int = 16, block_k: int = 64, num_warps: int = 4,
+                          num_stages: int = 3, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, H] bf16, weight [E, H] bf16 -> partial logits fp32 [split_k, M_PAD, E] (sum over dim 0 = logits, no bias)."""
+    m, k = x.shape
+    e = weight.shape[0]
+    m_pad = m_pad_for(m)
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)
+    if out is None:
+        out = torch.empty((split_k, m_pad, e), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(e, block_e), split_k)
+    router_logits_kernel[grid](
+        x, weight, out, m, e, k, k_per_split, x.stride(0), weight.stride(0),
+        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def router_logits_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What router_logits_partial(...).sum(0)[:M] must equal (fp32 accumulation of bf16 inputs)."""
+    return x.float() @ weight.float().T

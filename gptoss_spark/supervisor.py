@@ -1,0 +1,541 @@
+"""The supervisor: owns the engine's life, tells systemd the truth about it.
+
+One asyncio task (run) walks the state machine of states.py:
+
+    starting -> loading -> ready -> draining -> stopping -> stopped
+                                   \\-> (crash, wedge, memory) stopping -> backoff -> starting ...
+                                                                      \\-> failed (gave up)
+
+Requests from outside (SIGHUP, SIGTERM, the admin API) never touch the engine:
+they are validated here, queued as a Command and carried out by run() at the
+next safe point, and their progress is visible as an Operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import structlog
+
+from .config import Settings
+from .engine import EngineProcess, read_api_key
+from .errors import ConfigError, RequirementError
+from .memory import MemoryGuard, MemorySource, ProcMemorySource
+from .probes import EngineProbe
+from .profiles import Profile, load_profiles
+from .state import PersistedState, StateStore
+from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
+from .systemd import Notifier, watchdog_interval
+
+log = structlog.get_logger("gptoss_spark.supervisor")
+
+# Exit codes of `gptoss-spark serve`; the unit's RestartPreventExitStatus lists 2-4.
+EXIT_OK = 0
+EXIT_CONFIG = 2        # bad settings / profile file
+EXIT_REQUIREMENT = 3   # e.g. no checkpoint: restarting will not help
+EXIT_GAVE_UP = 4       # the engine never became ready and crashed max_crashes times
+
+LOAD_POLL_SECONDS = 1.0
+EXTEND_EVERY_SECONDS = 10.0
+EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout), systemd's start times out
+HEALTH_FAILURES_BEFORE_RESTART = 3
+
+
+class CommandKind(str, enum.Enum):
+    STOP = "stop"
+    RESTART = "restart"
+    SWITCH = "switch"
+
+
+class OpStatus(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass
+class Operation:
+    """A restart or profile switch asked for from outside, to poll until it ends."""
+
+    kind: CommandKind
+    target: str | None
+    from_profile: str | None
+    id: str = field(default_factory=lambda: secrets.token_hex(6))
+    status: OpStatus = OpStatus.PENDING
+    error: str | None = None
+    rolled_back_to: str | None = None
+    created: float = field(default_factory=time.time)
+    finished: float | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def finish(self, ok: bool, error: str | None = None) -> None:
+        self.status = OpStatus.SUCCEEDED if ok else OpStatus.FAILED
+        self.error = error
+        self.finished = time.time()
+        self.done.set()
+
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.id, "kind": self.kind.value, "target": self.target, "from": self.from_profile,
+                "status": self.status.value, "error": self.error, "rolled_back_to": self.rolled_back_to,
+                "created": self.created, "finished": self.finished}
+
+
+@dataclass
+class Command:
+    kind: CommandKind
+    op: Operation | None = None
+
+
+class Rejected(Exception):
+    """A request the supervisor refuses without changing anything. code: busy|unknown|invalid|unmet|memory|state."""
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        super().__init__(message)
+
+
+@dataclass
+class _Ended:
+    """Why an engine generation ended. command set = asked for; else a failure with reason."""
+
+    reason: str
+    command: Command | None = None
+    reached_ready: bool = False
+    requirement: bool = False
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, *, notifier: Notifier | None = None,
+                 store: StateStore | None = None, memory_source: MemorySource | None = None,
+                 engine_factory: Callable[[Settings, Profile], EngineProcess] = EngineProcess,
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.notifier = notifier or Notifier(socket_path="")
+        self.store = store or StateStore(settings.state_file)
+        self.guard = MemoryGuard(settings.memory, memory_source or ProcMemorySource())
+        self.engine_factory = engine_factory
+        self.clock = clock
+        self.sm = StateMachine(clock)
+        self.sm.subscribe(self._on_transition)
+        self.policy = RestartPolicy(settings.restart, clock)
+        self.profiles: dict[str, Profile] = load_profiles(settings)
+        self.profile_name: str | None = None
+        self.engine: EngineProcess | None = None
+        self.engine_ready_since: float | None = None
+        self.started_at = time.time()
+        self.ever_ready = False
+        self.last_error: str | None = None
+        self.switches = {"ok": 0, "failed": 0}
+        self.operations: dict[str, Operation] = {}
+        self._op_order: list[str] = []
+        self._current_op: Operation | None = None
+        self._pending: Command | None = None
+        self._wake = asyncio.Event()
+
+    # ---- views for the admin API and CLI --------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self.sm.state
+
+    def snapshot(self) -> dict[str, object]:
+        mem = self.guard.last
+        return {
+            "state": self.state.value,
+            "profile": self.profile_name,
+            "engine_pid": self.engine.pid if self.engine and self.engine.returncode is None else None,
+            "engine_url": self.engine.base_url if self.engine else None,
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "ready_seconds": round(self.clock() - self.engine_ready_since, 1)
+            if self.engine_ready_since is not None and self.state == State.READY else None,
+            "restarts": self.policy.total_restarts,
+            "recent_failures": self.policy.recent_failures(),
+            "last_error": self.last_error,
+            "memory": None if mem is None else {
+                "available_gib": round(mem.available_gib, 2), "total_gib": round(mem.total_bytes / 2**30, 2),
+                "psi_some_avg10": mem.psi_some_avg10, "guard_trips": self.guard.trips},
+            "switches": dict(self.switches),
+            "operation": self._current_op.as_dict() if self._current_op else None,
+            "transitions": [
+                {"at": t.wall, "from": t.old.value, "to": t.new.value, "reason": t.reason, "profile": t.profile}
+                for t in self.sm.history],
+        }
+
+    def persisted(self) -> PersistedState:
+        return self.store.load()
+
+    # ---- requests from outside --------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self.notifier.stopping(f"stopping: draining up to {self.settings.timeouts.drain:g} s")
+        self._queue(Command(CommandKind.STOP))
+
+    def request_restart(self) -> Operation:
+        """Warm restart: engine only, same profile, caches kept. Validated first: a broken profile edit
+        is reported here instead of taking down a serving engine."""
+        self._ensure_idle()
+        if self.profile_name is None:
+            raise Rejected("state", "the engine has not been started yet")
+        profile = self._validated_profile(self.profile_name)
+        op = self._new_op(CommandKind.RESTART, profile.name)
+        self._queue(Command(CommandKind.RESTART, op))
+        return op
+
+    def request_switch(self, name: str) -> Operation | None:
+        """Validate a switch to profile `name` and queue it. None = already active and ready (no-op)."""
+        self._ensure_idle()
+        profile = self._validated_profile(name)
+        if name == self.profile_name and self.state == State.READY:
+            return None
+        current = self.profiles.get(self.profile_name or "")
+        # The current engine's memory comes back when it stops: count it as available.
+        freed = current.memory_gib if current and self.engine is not None else 0.0
+        refusal = self.guard.start_refusal(max(0.0, profile.memory_gib - freed))
+        if refusal:
+            raise Rejected("memory", f"profile {name}: {refusal}")
+        op = self._new_op(CommandKind.SWITCH, name)
+        self._queue(Command(CommandKind.SWITCH, op))
+        return op
+
+    def _ensure_idle(self) -> None:
+        if (self._current_op and not self._current_op.done.is_set()) or self._pending is not None:
+            busy = self._current_op or (self._pending.op if self._pending else None)
+            raise Rejected("busy", f"another operation is in progress ({busy.kind.value} {busy.id})"
+                           if busy else "a stop is in progress")
+
+    def _validated_profile(self, name: str) -> Profile:
+        try:
+            profiles = load_profiles(self.settings)  # pick up edits and new files in profiles.d
+        except ConfigError as e:
+            raise Rejected("invalid", str(e)) from None
+        if name not in profiles:
+            raise Rejected("unknown", f"unknown profile {name!r} (known: {', '.join(sorted(profiles)) or 'none'})")
+        try:
+            profiles[name].check_requirements(self.settings)
+            profiles[name].engine_args(self.settings)
+            profiles[name].engine_env(self.settings)
+        except RequirementError as e:
+            raise Rejected("unmet", str(e)) from None
+        except ConfigError as e:
+            raise Rejected("invalid", str(e)) from None
+        self.profiles = profiles
+        return profiles[name]
+
+    def _new_op(self, kind: CommandKind, target: str | None) -> Operation:
+        op = Operation(kind, target, self.profile_name)
+        self.operations[op.id] = op
+        self._op_order.append(op.id)
+        while len(self._op_order) > 50:
+            self.operations.pop(self._op_order.pop(0), None)
+        return op
+
+    def _queue(self, cmd: Command) -> None:
+        # A stop outranks everything; anything else only enters an empty slot (checked by callers).
+        if self._pending is None or cmd.kind == CommandKind.STOP:
+            if self._pending and self._pending.op and cmd.kind == CommandKind.STOP:
+                self._pending.op.finish(False, "cancelled: the service is stopping")
+            self._pending = cmd
+        self._wake.set()
+
+    def _take_command(self) -> Command | None:
+        cmd, self._pending = self._pending, None
+        self._wake.clear()
+        return cmd
+
+    # ---- the main task ----------------------------------------------------------------------
+
+    def install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        try:
+            op = self.request_restart()
+            log.info("SIGHUP: warm restart queued", op=op.id)
+        except Rejected as e:
+            log.warning("SIGHUP ignored", reason=str(e))
+
+    def initial_profile(self) -> str:
+        saved = self.store.load().active_profile
+        if saved and saved in self.profiles:
+            return saved
+        if saved:
+            log.warning("saved profile no longer exists, using the default", saved=saved,
+                        default=self.settings.default_profile)
+        if self.settings.default_profile not in self.profiles:
+            known = ", ".join(sorted(self.profiles)) or "none"
+            raise ConfigError(self.settings.source or "gptoss-spark.toml", "default_profile",
+                              f"unknown profile {self.settings.default_profile!r} (known: {known})",
+                              "set it to a known profile or add that profile's .toml file")
+        return self.settings.default_profile
+
+    async def run(self) -> int:
+        watchdog = asyncio.create_task(self._watchdog_loop(), name="watchdog")
+        try:
+            return await self._run()
+        finally:
+            watchdog.cancel()
+
+    async def _run(self) -> int:
+        profile = self.initial_profile()
+        op: Operation | None = None
+        rollback_to: str | None = None
+        while True:
+            ended = await self._run_generation(profile, op)
+            cmd = ended.command
+            if ended.reached_ready:
+                rollback_to = None
+            if cmd is not None:
+                if cmd.kind == CommandKind.STOP:
+                    self.sm.to(State.STOPPED, "stopped on request", profile)
+                    if op and not op.done.is_set():
+                        op.finish(False, "cancelled: the service is stopping")
+                    return EXIT_OK
+                if op and not op.done.is_set():
+                    op.finish(False, f"superseded by {cmd.kind.value}")
+                op = cmd.op
+                self.policy.reset()
+                if cmd.kind == CommandKind.SWITCH and op is not None:
+                    op.status = OpStatus.RUNNING
+                    rollback_to = self.store.load().last_good_profile or profile
+                    profile = op.target or profile
+                elif op is not None:
+                    op.status = OpStatus.RUNNING
+                continue
+
+            # The engine ended without being asked to.
+            self.last_error = ended.reason
+            if ended.requirement and not self.ever_ready:
+                self.sm.to(State.FAILED, ended.reason, profile)
+                return EXIT_REQUIREMENT
+            if op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set() and rollback_to:
+                # A switch whose new profile never got ready: back to the last good one, at once.
+                self.switches["failed"] += 1
+                op.rolled_back_to = rollback_to
+                op.finish(False, f"profile {profile} failed: {ended.reason}; rolled back to {rollback_to}")
+                log.warning("switch failed, rolling back", target=profile, to=rollback_to, reason=ended.reason)
+                profile, rollback_to, op = rollback_to, None, None
+                continue  # next generation: stopping -> starting with the last-good profile
+            if op is not None and not op.done.is_set():
+                op.finish(False, ended.reason)
+                op = None
+            delay = None if ended.requirement else self.policy.record_failure()
+            if delay is None:
+                if not self.ever_ready or self.settings.restart.on_give_up == "exit":
+                    # Never served (or told to exit): `systemctl start` must fail loudly, not hang
+                    # or pretend; RestartPreventExitStatus keeps systemd from looping on it.
+                    self.sm.to(State.FAILED, f"gave up: {ended.reason}", profile)
+                    return EXIT_REQUIREMENT if ended.requirement else EXIT_GAVE_UP
+                self.sm.to(State.FAILED, f"gave up after {self.policy.recent_failures()} failures: {ended.reason}",
+                           profile)
+                cmd = await self._wait_for_command(None)
+            else:
+                self.sm.to(State.BACKOFF, f"retry in {delay:g} s: {ended.reason}", profile)
+                cmd = await self._wait_for_command(delay)
+            if cmd is None:
+                continue
+            if cmd.kind == CommandKind.STOP:
+                self.sm.to(State.STOPPED, "stopped on request", profile)
+                return EXIT_OK
+            self.policy.reset()
+            op = cmd.op
+            if op is not None:
+                op.status = OpStatus.RUNNING
+                if cmd.kind == CommandKind.SWITCH:
+                    rollback_to = self.store.load().last_good_profile or profile
+                    profile = op.target or profile
+
+    async def _wait_for_command(self, delay: float | None) -> Command | None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), delay)
+        except asyncio.TimeoutError:
+            return None
+        return self._take_command()
+
+    async def _run_generation(self, name: str, op: Operation | None) -> _Ended:
+        """Start one engine for profile `name`, serve until something ends it, leave it stopped."""
+        self.profile_name = name
+        why = f"{op.kind.value} {op.id}" if op else "start"
+        self.sm.to(State.STARTING, why, name)
+        try:
+            self.profiles = load_profiles(self.settings)
+            profile = self.profiles[name]
+            profile.check_requirements(self.settings)
+        except (RequirementError, ConfigError, KeyError) as e:
+            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else f"profile {name} vanished",
+                                            requirement=True)
+        refusal = self.guard.start_refusal(profile.memory_gib)
+        if refusal:
+            return self._end_without_engine(f"memory guard refused start: {refusal}")
+
+        engine = self.engine_factory(self.settings, profile)
+        self.engine = engine
+        try:
+            await engine.start()
+        except OSError as e:
+            self.sm.to(State.STOPPING, "spawn failed", name)
+            return _Ended(f"could not start the engine: {e}")
+        self.sm.to(State.LOADING, f"engine pid {engine.pid}", name)
+        probe = EngineProbe(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
+
+        ended = await self._load(engine, probe, name)
+        if ended is None:
+            self.ever_ready = True
+            self.engine_ready_since = self.clock()
+            self.sm.to(State.READY, f"engine pid {engine.pid} passed /health and the canary", name)
+            self.notifier.ready(self._status_line())
+            self.store.save(PersistedState(active_profile=name, last_good_profile=name))
+            if op is not None and not op.done.is_set():
+                if op.kind == CommandKind.SWITCH:
+                    self.switches["ok"] += 1
+                op.finish(True)
+            ended = await self._serve(engine, probe, name)
+            ended.reached_ready = True
+        await self._stop_engine(engine, ended, name)
+        return ended
+
+    def _end_without_engine(self, reason: str, requirement: bool = False) -> _Ended:
+        self.sm.to(State.STOPPING, reason, self.profile_name)
+        return _Ended(reason, requirement=requirement)
+
+    async def _load(self, engine: EngineProcess, probe: EngineProbe, name: str) -> _Ended | None:
+        """Wait for /health 200 and a passing canary. None = ready; else why loading ended."""
+        deadline = self.clock() + self.settings.timeouts.load
+        next_extend = 0.0
+        last_canary_error = None
+        exit_task = asyncio.create_task(engine.wait())
+        try:
+            while True:
+                now = self.clock()
+                if now >= next_extend:
+                    # Keep systemd's start (or reload) job alive while we make progress; a supervisor
+                    # that hangs stops sending this and systemd's TimeoutStartSec ends it.
+                    self.notifier.extend_timeout(EXTEND_BY_SECONDS)
+                    next_extend = now + EXTEND_EVERY_SECONDS
+                if exit_task.done():
+                    return _Ended(f"engine exited with code {exit_task.result()} while loading: "
+                                  f"{engine.last_output(3)}")
+                if self._pending is not None:
+                    return _Ended(f"{self._pending.kind.value} requested while loading", self._take_command())
+                danger = self.guard.danger()
+                if danger:
+                    return _Ended(f"memory guard: {danger}")
+                if now >= deadline:
+                    extra = f"; last canary error: {last_canary_error}" if last_canary_error else ""
+                    return _Ended(f"engine not ready within timeouts.load={self.settings.timeouts.load:g} s{extra}")
+                if await probe.health(self.settings.timeouts.probe_timeout):
+                    last_canary_error = await probe.canary(self.settings.timeouts.canary)
+                    if last_canary_error is None:
+                        return None
+                    log.warning("canary failed while loading", reason=last_canary_error, profile=name)
+                await self._sleep_or_wake(LOAD_POLL_SECONDS, exit_task)
+        finally:
+            if not exit_task.done():
+                exit_task.cancel()
+
+    async def _serve(self, engine: EngineProcess, probe: EngineProbe, name: str) -> _Ended:
+        t = self.settings.timeouts
+        stall = StallDetector(self.settings.wedge.stall_seconds, self.clock)
+        health_failures = 0
+        next_probe = self.clock() + t.probe_interval
+        canary_every = self.settings.wedge.canary_interval
+        next_canary = self.clock() + canary_every if canary_every else float("inf")
+        exit_task = asyncio.create_task(engine.wait())
+        try:
+            while True:
+                if exit_task.done():
+                    return _Ended(f"engine exited with code {exit_task.result()}: {engine.last_output(3)}")
+                if self._pending is not None:
+                    cmd = self._take_command()
+                    if cmd.kind != CommandKind.STOP:
+                        # systemd shows "reloading" until the READY=1 that the next generation sends.
+                        self.notifier.reloading(f"{cmd.kind.value}: {name} -> {cmd.op.target if cmd.op else name}")
+                    await self._drain(probe, name, exit_task)
+                    return _Ended(f"{cmd.kind.value} requested", cmd)
+                danger = self.guard.danger()
+                if danger:
+                    log.error("memory guard tripped: stopping the engine before the host freezes",
+                              reason=danger, profile=name, pid=engine.pid)
+                    return _Ended(f"memory guard: {danger}")
+                now = self.clock()
+                if now >= next_probe:
+                    next_probe = now + t.probe_interval
+                    if await probe.health(t.probe_timeout):
+                        health_failures = 0
+                    else:
+                        health_failures += 1
+                        if health_failures >= HEALTH_FAILURES_BEFORE_RESTART:
+                            return _Ended(f"engine /health failed {health_failures} times in a row")
+                    m = await probe.metrics(t.probe_timeout)
+                    if m is not None:
+                        stalled = stall.observe(m.running, m.generated_tokens)
+                        if stalled:
+                            return _Ended(f"wedged: {stalled}")
+                        if m.running == 0 and m.waiting == 0 and now >= next_canary:
+                            next_canary = now + canary_every
+                            err = await probe.canary(t.canary)
+                            if err:
+                                return _Ended(f"wedged: /health answers but {err}")
+                await self._sleep_or_wake(min(self.settings.memory.check_interval,
+                                              max(0.05, next_probe - self.clock())), exit_task)
+        finally:
+            if not exit_task.done():
+                exit_task.cancel()
+
+    async def _drain(self, probe: EngineProbe, name: str, exit_task: asyncio.Task[int]) -> None:
+        """Bounded wait for running requests to finish. New requests may still arrive: the bound holds."""
+        self.sm.to(State.DRAINING, f"waiting up to {self.settings.timeouts.drain:g} s for running requests", name)
+        deadline = self.clock() + self.settings.timeouts.drain
+        while self.clock() < deadline and not exit_task.done():
+            m = await probe.metrics(self.settings.timeouts.probe_timeout)
+            if m is None or (m.running == 0 and m.waiting == 0):
+                return
+            await asyncio.sleep(0.2)
+        if not exit_task.done():
+            log.warning("drain timeout: stopping with requests still running", profile=name)
+
+    async def _stop_engine(self, engine: EngineProcess, ended: _Ended, name: str) -> None:
+        self.sm.to(State.STOPPING, ended.reason, name)
+        memory = ended.reason.startswith("memory guard")
+        try:
+            # Memory danger: every second counts, give it very little grace.
+            await engine.stop(grace=2.0 if memory else None)
+        except RuntimeError as e:
+            log.error("engine tree survived SIGKILL", reason=str(e))
+            self.last_error = str(e)
+        self.engine_ready_since = None
+
+    async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int]) -> None:
+        wake = asyncio.create_task(self._wake.wait())
+        try:
+            await asyncio.wait({wake, exit_task}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+
+    async def _watchdog_loop(self) -> None:
+        interval = watchdog_interval()
+        if interval is None:
+            return
+        # Sent from this event loop: if run() blocks the loop, the pings stop and systemd acts.
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    # ---- reporting --------------------------------------------------------------------------
+
+    def _status_line(self) -> str:
+        return f"{self.state.value}: profile {self.profile_name}"
+
+    def _on_transition(self, t: Transition) -> None:
+        log.info("state", state=t.new.value, previous=t.old.value, profile=t.profile, reason=t.reason,
+                 pid=self.engine.pid if self.engine else None)
+        line = f"{t.new.value}: profile {t.profile} ({t.reason})"
+        self.notifier.status(line[:200])
