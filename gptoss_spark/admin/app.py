@@ -1,0 +1,328 @@
+"""The admin API's routes: parse, authorize, call the supervisor, map its outcomes to HTTP.
+
+Order of checks on a mutation: body size (middleware, before anything is
+parsed) -> token (401/403/503) -> JSON (400) -> schema (422) -> the
+supervisor's own validation (404/409/422). A request refused anywhere along
+the way changes nothing. Profile names are matched against a pattern and then
+against the loaded set; nothing a client sends is ever used as a path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..config import Settings
+from ..profiles import PROFILE_NAME_RE
+from ..states import State
+from .auth import authorize, check_token_file_mode
+from .metrics import make_registry, render
+
+if TYPE_CHECKING:
+    from ..supervisor import Operation, Supervisor
+
+log = structlog.get_logger("gptoss_spark.admin")
+
+# Bodies here are one short JSON object; anything larger is refused unread.
+MAX_BODY_BYTES = 4096
+OPERATION_ID_RE = re.compile(r"^[0-9a-f]{12}$")
+NAME_RULE = ("profile names are 1-32 characters: lowercase letters, digits, '-' or '_', "
+             "starting with a letter or digit")
+
+# Supervisor refusals (Rejected.code) -> HTTP status. The code is also in the body.
+REJECTED_STATUS = {
+    "busy": 409,      # another switch/restart is running
+    "state": 409,     # e.g. restart before the first start
+    "memory": 409,    # the host has not enough memory for the target now
+    "unknown": 404,   # no such profile in the loaded set
+    "invalid": 422,   # a profile file fails validation
+    "unmet": 422,     # the profile's requirements (e.g. the Eagle3 head) are missing on this host
+}
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+class SwitchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=32, pattern=PROFILE_NAME_RE.pattern)
+
+
+class RestartBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def error(status: int, code: str, message: str, headers: dict[str, str] | None = None,
+          **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message, **extra}, status_code=status,
+                        headers={**NO_STORE, **(headers or {})})
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over max_bytes with 413, by Content-Length or while streaming.
+
+    The body is buffered (it is at most max_bytes) and replayed to the app, so
+    an oversized chunked body never reaches the JSON parser.
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int = MAX_BODY_BYTES):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        too_large = error(413, "body_too_large", f"request body over {self.max_bytes} bytes")
+        for k, v in scope.get("headers", []):
+            if k == b"content-length":
+                try:
+                    length = int(v)
+                except ValueError:
+                    await error(400, "bad_request", "invalid Content-Length")(scope, receive, send)
+                    return
+                if length > self.max_bytes:
+                    await too_large(scope, receive, send)
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _peer(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "unknown"
+
+
+def _schema_error(err: ValidationError) -> str:
+    """One line about the first problem, never echoing what the client sent."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "body"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return f"unknown field {loc!r}"
+    if kind == "missing":
+        return f"missing field {loc!r}"
+    if loc == "name" and kind in ("string_pattern_mismatch", "string_too_short", "string_too_long"):
+        return f"invalid profile name: {NAME_RULE}"
+    if kind in ("string_type", "model_type", "model_attributes_type"):
+        return f"{loc}: wrong type ({first['msg'].lower()})"
+    return f"{loc}: {first['msg']}"
+
+
+def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> FastAPI:
+    from ..supervisor import Rejected  # the supervisor module is heavy; keep `import admin.auth` light
+
+    settings = settings or supervisor.settings
+    token_file = settings.admin.token_file
+    registry = make_registry(supervisor)
+    watchers: set[asyncio.Task[None]] = set()
+
+    warning = check_token_file_mode(token_file)
+    if warning:
+        log.warning(warning)
+
+    # No docs, no OpenAPI schema: no dev-mode endpoints on a service port.
+    app = FastAPI(title="gptoss-spark admin", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error(404, "not_found", "no such endpoint (see docs/ADMIN.md)")
+        if exc.status_code == 405:
+            return error(405, "method_not_allowed", f"{request.method} is not allowed here",
+                         headers=dict(exc.headers or {}))
+        return error(exc.status_code, "http_error", str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error(422, "invalid", "invalid request")
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("admin API internal error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return error(500, "internal", "internal error; see the service log (journalctl -u gptoss-spark)")
+
+    def audit(request: Request, action: str, outcome: str, level: str = "info", **fields: Any) -> None:
+        getattr(log, level)("admin mutation", peer=_peer(request), action=action, outcome=outcome, **fields)
+
+    def watch(op: "Operation", peer: str) -> None:
+        async def finished() -> None:
+            await op.done.wait()
+            log.info("admin operation finished", peer=peer, action=op.kind.value, op=op.id, target=op.target,
+                     outcome=op.status.value, error=op.error, rolled_back_to=op.rolled_back_to)
+        task = asyncio.create_task(finished(), name=f"admin-watch-{op.id}")
+        watchers.add(task)
+        task.add_done_callback(watchers.discard)
+
+    async def read_json(request: Request) -> tuple[Any, JSONResponse | None]:
+        raw = await request.body()
+        if not raw.strip():
+            return None, None
+        try:
+            return json.loads(raw), None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+            return None, error(400, "malformed_json", f"request body is not valid JSON{where}")
+
+    def wait_param(request: Request) -> bool | JSONResponse:
+        raw = request.query_params.get("wait")
+        if raw is None or raw in ("", "0", "false"):
+            return False
+        if raw in ("1", "true"):
+            return True
+        return error(422, "invalid", "wait must be true or false")
+
+    async def operation_response(request: Request, op: "Operation", wait: bool) -> JSONResponse:
+        poll = f"/admin/operations/{op.id}"
+        if not wait:
+            return JSONResponse({**op.as_dict(), "poll": poll}, status_code=202,
+                                headers={**NO_STORE, "Location": poll})
+        await op.done.wait()
+        body = {**op.as_dict(), "poll": poll}
+        if op.status.value == "succeeded":
+            return JSONResponse(body, status_code=200, headers=NO_STORE)
+        # Accepted and carried out, but it failed (and was rolled back where it could be).
+        return JSONResponse({**body, "message": op.error}, status_code=500, headers=NO_STORE)
+
+    async def mutation_preamble(request: Request, action: str) -> tuple[Any, bool, JSONResponse | None]:
+        auth = authorize(request.headers.get("authorization"), token_file)
+        if not auth.ok:
+            audit(request, action, f"denied: {auth.code}", level="warning")
+            headers = {"WWW-Authenticate": "Bearer"} if auth.status == 401 else None
+            return None, False, error(auth.status, auth.code, auth.message, headers=headers)
+        wait = wait_param(request)
+        if isinstance(wait, JSONResponse):
+            audit(request, action, "rejected: invalid wait parameter")
+            return None, False, wait
+        data, bad = await read_json(request)
+        if bad is not None:
+            audit(request, action, "rejected: malformed JSON")
+            return None, False, bad
+        return data, wait, None
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    @app.get("/admin/health")
+    async def health() -> JSONResponse:
+        state = supervisor.state
+        ready = state == State.READY
+        return JSONResponse({"status": "ok" if ready else "unavailable", "state": state.value,
+                             "profile": supervisor.profile_name},
+                            status_code=200 if ready else 503, headers=NO_STORE)
+
+    @app.get("/admin/profile")
+    async def get_profile() -> JSONResponse:
+        saved = supervisor.persisted()
+        active = supervisor.profile_name
+        profiles = [{"name": p.name, "description": p.description, "memory_gib": p.memory_gib,
+                     "active": p.name == active}
+                    for p in sorted(supervisor.profiles.values(), key=lambda p: p.name)]
+        op = supervisor.snapshot()["operation"]
+        return JSONResponse({"active": active, "state": supervisor.state.value,
+                             "saved": saved.active_profile, "last_good": saved.last_good_profile,
+                             "profiles": profiles, "operation": op}, headers=NO_STORE)
+
+    @app.get("/admin/status")
+    async def status() -> JSONResponse:
+        snap = supervisor.snapshot()
+        saved = supervisor.persisted()
+        snap["saved"] = {"active_profile": saved.active_profile, "last_good_profile": saved.last_good_profile}
+        snap["version"] = __version__
+        return JSONResponse(snap, headers=NO_STORE)
+
+    @app.get("/admin/operations/{op_id}")
+    async def get_operation(op_id: str) -> JSONResponse:
+        op = supervisor.operations.get(op_id) if OPERATION_ID_RE.match(op_id) else None
+        if op is None:
+            return error(404, "unknown_operation", "no such operation (ids are kept for the last 50)")
+        return JSONResponse({**op.as_dict(), "poll": f"/admin/operations/{op.id}"}, headers=NO_STORE)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8",
+                        headers=NO_STORE)
+
+    # ---- mutations --------------------------------------------------------------------------
+
+    @app.put("/admin/profile")
+    async def put_profile(request: Request) -> JSONResponse:
+        data, wait, bad = await mutation_preamble(request, "switch")
+        if bad is not None:
+            return bad
+        if data is None:
+            audit(request, "switch", "rejected: empty body")
+            return error(422, "invalid", 'expected a JSON object like {"name": "spec"}')
+        try:
+            body = SwitchBody.model_validate(data)
+        except ValidationError as e:
+            message = _schema_error(e)
+            audit(request, "switch", f"rejected: {message}")
+            return error(422, "invalid", message)
+        try:
+            op = supervisor.request_switch(body.name)
+        except Rejected as e:
+            audit(request, "switch", f"rejected: {e.code}", target=body.name, reason=str(e))
+            return error(REJECTED_STATUS.get(e.code, 409), e.code, str(e))
+        if op is None:
+            audit(request, "switch", "no-op: already active and ready", target=body.name)
+            return JSONResponse({"status": "noop", "target": body.name, "state": supervisor.state.value,
+                                 "message": f"profile {body.name} is already active and ready"},
+                                headers=NO_STORE)
+        audit(request, "switch", "accepted", target=body.name, op=op.id, from_profile=op.from_profile)
+        watch(op, _peer(request))
+        return await operation_response(request, op, wait)
+
+    @app.post("/admin/restart")
+    async def restart(request: Request) -> JSONResponse:
+        data, wait, bad = await mutation_preamble(request, "restart")
+        if bad is not None:
+            return bad
+        try:
+            RestartBody.model_validate({} if data is None else data)
+        except ValidationError as e:
+            message = _schema_error(e)
+            audit(request, "restart", f"rejected: {message}")
+            return error(422, "invalid", f"{message} (restart takes no fields)")
+        try:
+            op = supervisor.request_restart()
+        except Rejected as e:
+            audit(request, "restart", f"rejected: {e.code}", reason=str(e))
+            return error(REJECTED_STATUS.get(e.code, 409), e.code, str(e))
+        audit(request, "restart", "accepted", target=op.target, op=op.id)
+        watch(op, _peer(request))
+        return await operation_response(request, op, wait)
+
+    return app
