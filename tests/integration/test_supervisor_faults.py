@@ -1,0 +1,262 @@
+"""Faults a real engine cannot show on demand, against the real supervisor and a stand-in engine.
+
+The stand-in (tests/helpers/fake_engine.py) is a real process in its own session,
+spoken to over real HTTP; only its misbehaviour is scripted. Timeouts are short
+so each scenario takes seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptoss_spark.config import Settings
+from gptoss_spark.engine import EngineProcess, _session_members
+from gptoss_spark.memory import GIB, MemoryReading
+from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, OpStatus, Supervisor
+from gptoss_spark.states import State
+from gptoss_spark.systemd import Notifier
+from tests.helpers.notify_socket import NotifySocket
+
+FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_engine.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeMemory:
+    def __init__(self, available_gib: float = 100.0, psi: float | None = 0.0):
+        self.available_gib = available_gib
+        self.psi = psi
+
+    def read(self) -> MemoryReading:
+        return MemoryReading(int(self.available_gib * GIB), 128 * GIB, self.psi)
+
+
+def make_settings(tmp: Path, profiles: dict[str, str], **overrides) -> Settings:
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    pdir = tmp / "profiles"
+    pdir.mkdir(exist_ok=True)
+    for name, mode in profiles.items():
+        (pdir / f"{name}.toml").write_text(
+            f'description = "fake {name}"\nmemory_gib = 10\n[engine]\nenv = {{ FAKE_ENGINE_MODE = "{mode}", '
+            f'FAKE_ENGINE_MARKER = "{tmp}/marker-{name}" }}\n')
+    data = {
+        "default_profile": next(iter(profiles)),
+        "model": {"dir": str(model)},
+        "engine": {"port": free_port()},
+        "admin": {"port": free_port()},
+        "paths": {"state_dir": str(tmp / "state"), "profile_dirs": [str(pdir)]},
+        "timeouts": {"load": 10, "canary": 1, "drain": 1, "shutdown_grace": 1.5, "probe_interval": 0.2,
+                     "probe_timeout": 1},
+        "restart": {"backoff_initial": 0.1, "backoff_max": 0.3, "max_crashes": 3, "window": 60},
+        "wedge": {"canary_interval": 0.5, "stall_seconds": 1},
+        "memory": {"start_floor_gib": 1, "danger_available_gib": 2, "check_interval": 0.1},
+    }
+    for section, values in overrides.items():
+        data[section] = {**data.get(section, {}), **values}
+    return Settings.model_validate(data)
+
+
+def fake_engine_factory(settings, profile):
+    return EngineProcess(settings, profile, argv=[sys.executable, str(FAKE), "--port", str(settings.engine.port)])
+
+
+class Harness:
+    """Runs a Supervisor in this event loop with a recording NOTIFY_SOCKET and fake memory readings."""
+
+    def __init__(self, tmp: Path, settings: Settings, memory: FakeMemory | None = None):
+        self.notify = NotifySocket(tmp / "notify.sock")
+        self.memory = memory or FakeMemory()
+        self.sup = Supervisor(settings, notifier=Notifier(str(tmp / "notify.sock")), memory_source=self.memory,
+                              engine_factory=fake_engine_factory)
+        self.pids: list[int] = []
+        self.task: asyncio.Task[int] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.sup.run())
+
+    async def until(self, cond, timeout: float = 20.0, what: str = "condition") -> None:
+        end = asyncio.get_running_loop().time() + timeout
+        while not cond():
+            if self.task and self.task.done():
+                raise AssertionError(f"supervisor exited ({self.task.result()}) before {what}; "
+                                     f"transitions: {self.reasons()}")
+            if asyncio.get_running_loop().time() > end:
+                raise AssertionError(f"timeout waiting for {what}; state {self.sup.state}; {self.reasons()}")
+            if self.sup.engine and self.sup.engine.pid and self.sup.engine.pid not in self.pids:
+                self.pids.append(self.sup.engine.pid)
+            await asyncio.sleep(0.02)
+
+    def reasons(self) -> list[str]:
+        return [f"{t.new.value}: {t.reason}" for t in self.sup.sm.history]
+
+    async def stop(self) -> int:
+        self.sup.request_stop()
+        rc = await asyncio.wait_for(self.task, 20)
+        self.notify.close()
+        for pid in self.pids:
+            assert not _session_members(pid), f"engine tree {pid} left processes behind"
+        return rc
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_crash_while_loading_backs_off_then_gives_up_before_ready(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"bad": "load=0.6,crash_on_load"}))
+        h.start()
+        rc = await asyncio.wait_for(h.task, 30)
+        assert rc == EXIT_GAVE_UP
+        states = [t.new for t in h.sup.sm.history]
+        assert states.count(State.BACKOFF) == 2 and states[-1] == State.FAILED   # 3 crashes: 2 retries, give up
+        assert "while loading" in h.sup.last_error
+        assert not h.notify.with_field("READY")                                  # never claimed ready
+        assert h.notify.wait_status("failed: profile bad (gave up: engine exited with code 1")
+        h.notify.close()
+    run(scenario())
+
+
+def test_crash_while_ready_restarts_and_recovers(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"flaky": "crash_after=0.3,crash_once"}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="first ready")
+        first = h.sup.engine.pid
+        await h.until(lambda: h.sup.state == State.READY and h.sup.engine.pid != first, what="ready again")
+        assert h.sup.policy.total_restarts == 1
+        assert any("engine exited with code 1" in r for r in h.reasons())
+        assert len(h.notify.with_field("READY", "1")) == 2
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_repeated_crashes_after_ready_stay_up_failed_and_a_switch_recovers(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"doomed": "crash_after=0.2", "ok": ""}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.FAILED, timeout=40, what="failed")
+        await asyncio.sleep(0.5)
+        assert not h.task.done()                        # still up: the admin API can report and switch
+        assert "gave up after 3 failures" in h.sup.sm.history[-1].reason
+        op = h.sup.request_switch("ok")
+        await asyncio.wait_for(op.done.wait(), 20)
+        assert op.status == OpStatus.SUCCEEDED and h.sup.state == State.READY and h.sup.profile_name == "ok"
+        assert h.sup.persisted().active_profile == "ok"
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_wedge_health_ok_but_no_tokens_is_restarted(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"wedgy": "wedge_after=1"}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        first = h.sup.engine.pid
+        await h.until(lambda: h.sup.engine.pid != first and h.sup.state == State.READY, what="restart after wedge")
+        wedge = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING][0]
+        assert wedge.startswith("wedged: /health answers but canary completion timed out")
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_stalled_token_counter_with_running_requests_is_a_wedge(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"stuck": "stuck_running"}))
+        h.start()
+        await h.until(lambda: any(t.reason.startswith("wedged: 1 request(s) running but no token")
+                                  for t in h.sup.sm.history), what="stall detected")
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_sigterm_ignored_escalates_to_sigkill_of_the_whole_tree(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"stubborn": "ignore_sigterm,child"}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        engine = h.sup.engine
+        assert len(_session_members(engine.pid)) == 2       # the engine and its child
+        t0 = asyncio.get_running_loop().time()
+        assert await h.stop() == EXIT_OK                    # also asserts no session member remains
+        took = asyncio.get_running_loop().time() - t0
+        assert took >= 1.5                                  # waited the grace before SIGKILL
+        assert engine.returncode == -9
+        assert not engine.tmpdir.exists()                   # per-engine TMPDIR cleaned
+    run(scenario())
+
+
+def test_memory_guard_refuses_start_then_starts_when_memory_frees(tmp_path):
+    async def scenario():
+        mem = FakeMemory(available_gib=5)                   # profile needs 10 + 1 floor
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}, restart={"max_crashes": 50}), memory=mem)
+        h.start()
+        await h.until(lambda: h.sup.state == State.BACKOFF, what="refusal")
+        assert "memory guard refused start: only 5.0 GiB available" in h.sup.sm.history[-1].reason
+        assert h.sup.engine is None                         # nothing was spawned
+        mem.available_gib = 50
+        await h.until(lambda: h.sup.state == State.READY, what="ready after memory freed")
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+@pytest.mark.parametrize("reading,expect", [
+    ({"available_gib": 1.5}, "MemAvailable 1.50 GiB below the danger line 2 GiB"),
+    ({"psi": 75.0}, "memory pressure (PSI some avg10) 75.0% above 40%"),
+])
+def test_memory_guard_stops_a_running_engine_in_danger(tmp_path, reading, expect):
+    async def scenario():
+        mem = FakeMemory()
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}), memory=mem)
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        engine = h.sup.engine
+        for k, v in reading.items():
+            setattr(mem, k, v)
+        await h.until(lambda: h.sup.state in (State.BACKOFF, State.STARTING), what="guard trip")
+        assert engine.returncode is not None and not _session_members(engine.pid)
+        stop = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING][-1]
+        assert stop == f"memory guard: {expect}"
+        assert h.sup.guard.trips >= 1
+        mem.available_gib, mem.psi = 100, 0.0
+        await h.until(lambda: h.sup.state == State.READY, what="recovered")
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_switch_to_a_profile_that_fails_rolls_back_to_last_good(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"good": "", "broken": "load=0.4,crash_on_load"}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        op = h.sup.request_switch("broken")
+        await asyncio.wait_for(op.done.wait(), 20)
+        assert op.status == OpStatus.FAILED and op.rolled_back_to == "good"
+        assert "profile broken failed: engine exited with code 1 while loading" in op.error
+        await h.until(lambda: h.sup.state == State.READY, what="ready on last-good")
+        assert h.sup.profile_name == "good" and h.sup.persisted().active_profile == "good"
+        assert h.sup.switches == {"ok": 0, "failed": 1}
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_missing_checkpoint_at_start_exits_3_without_spawning(tmp_path):
+    async def scenario():
+        s = make_settings(tmp_path, {"ok": ""}, model={"dir": str(tmp_path / "nowhere")})
+        h = Harness(tmp_path, s)
+        h.start()
+        assert await asyncio.wait_for(h.task, 10) == EXIT_REQUIREMENT
+        assert h.sup.engine is None and "no checkpoint at" in h.sup.last_error
+        h.notify.close()
+    run(scenario())
