@@ -17,6 +17,7 @@ from .errors import UserError
 COMMAND_MODULES = (
     "gptoss_spark.commands",
     "gptoss_spark.bench.commands", "gptoss_spark.draft.commands",
+    "gptoss_spark.admin_cli",
 )
 
 

@@ -1,0 +1,299 @@
+"""`gptoss-spark status | profile [NAME] | restart`: the admin API from a shell.
+
+Human output by default, `--json` for scripts (the API's own JSON, one object).
+The admin URL comes from the settings file ([admin] host/port); the token from
+[admin] token_file, read only for mutations, so `status` and `profile` work
+for any user while a switch needs root or the gptoss-spark group.
+
+Exit codes: 0 ok (status: engine ready), 1 not ready / the operation failed,
+2 bad usage or settings, 69 service not answering, 77 token file unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from .config import Settings, load_settings, resolve_config_path
+from .errors import UserError
+
+REQUEST_TIMEOUT = 10.0
+POLL_SECONDS = 1.0
+
+
+class ServiceDown(UserError):
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class TokenUnreadable(UserError):
+    exit_code = 77  # EX_NOPERM
+
+
+class ApiError(UserError):
+    exit_code = 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or "
+                                        "/etc/gptoss-spark/gptoss-spark.toml)")
+        p.add_argument("--json", action="store_true", help="print the API's JSON instead of text")
+
+    def waiting(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--no-wait", action="store_true", help="return once accepted; poll with `status`")
+        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="give up waiting after this long (default: drain + shutdown grace + load timeouts)")
+
+    p = sub.add_parser("status", help="state, profile, engine pid, uptime, restarts, last error, recent transitions")
+    common(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("profile", help="show the profiles, or switch to NAME (rolls back if it fails)")
+    p.add_argument("name", nargs="?", help="profile to switch to")
+    common(p)
+    waiting(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("restart", help="warm restart of the engine, same profile (like systemctl reload)")
+    common(p)
+    waiting(p)
+    p.set_defaults(func=cmd_restart)
+
+
+# ---- talking to the service -------------------------------------------------------------------
+
+def admin_url(settings: Settings) -> str:
+    host = settings.admin.host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.admin.port}"
+
+
+def read_token_for_cli(settings: Settings) -> str:
+    from .admin.auth import TokenUnavailable, read_token
+    path = settings.admin.token_file
+    try:
+        with path.open("rb"):
+            pass
+    except FileNotFoundError:
+        raise TokenUnreadable(f"admin token file {path} does not exist; is the service installed? "
+                              "(install.sh creates it; [admin] token_file in the settings names it)") from None
+    except PermissionError:
+        raise TokenUnreadable(
+            f"cannot read the admin token file {path} (permission denied); run with sudo, or add yourself "
+            "to the gptoss-spark group (sudo usermod -aG gptoss-spark $USER, then log in again)") from None
+    except OSError:
+        pass  # read_token says what is wrong
+    try:
+        return read_token(path)
+    except TokenUnavailable as e:
+        raise TokenUnreadable(str(e)) from None
+
+
+class Client:
+    def __init__(self, settings: Settings, token: str | None = None):
+        self.base = admin_url(settings)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base, headers=headers, timeout=REQUEST_TIMEOUT)
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self.http.request(method, path, **kw)
+        except httpx.ConnectError:
+            raise ServiceDown(f"the service is not answering at {self.base}; is it running? "
+                              "(systemctl status gptoss-spark; journalctl -u gptoss-spark)") from None
+        except httpx.TimeoutException:
+            raise ServiceDown(f"the service at {self.base} did not answer within {REQUEST_TIMEOUT:g} s") from None
+        except httpx.HTTPError as e:
+            raise ServiceDown(f"talking to {self.base} failed: {type(e).__name__}") from None
+
+    def json(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> tuple[int, dict]:
+        r = self.request(method, path, **kw)
+        try:
+            body = r.json()
+        except ValueError:
+            raise ApiError(f"{method} {path} answered HTTP {r.status_code} without JSON "
+                           f"(is {self.base} the gptoss-spark admin API?)") from None
+        if r.status_code not in ok:
+            raise api_error(r.status_code, body)
+        return r.status_code, body
+
+
+def api_error(status: int, body: dict) -> UserError:
+    message = body.get("message") or body.get("error") or f"HTTP {status}"
+    if status == 401 or status == 403:
+        return TokenUnreadable(f"the service refused the token ({message}); is the token file the one "
+                               "the service reads?")
+    if status == 503 and body.get("error") == "token_unavailable":
+        return ApiError(f"the service cannot check tokens: {message}")
+    return ApiError(message)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(resolve_config_path(args.config), must_exist=False)
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _, snap = Client(_settings(args)).json("GET", "/admin/status")
+    if args.json:
+        _print_json(snap)
+    else:
+        print(render_status(snap))
+    return 0 if snap.get("state") == "ready" else 1
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if not args.name:
+        _, body = Client(settings).json("GET", "/admin/profile")
+        if args.json:
+            _print_json(body)
+        else:
+            print(render_profiles(body))
+        return 0
+    client = Client(settings, read_token_for_cli(settings))
+    status, body = client.json("PUT", "/admin/profile", ok=(200, 202), json={"name": args.name})
+    if status == 200:  # already active and ready
+        if args.json:
+            _print_json(body)
+        else:
+            print(body.get("message", f"profile {args.name} is already active"))
+        return 0
+    if not args.json:
+        print(f"switching {body.get('from') or '-'} -> {args.name} (operation {body['id']})")
+    return follow(client, body, args, settings)
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    client = Client(settings, read_token_for_cli(settings))
+    _, body = client.json("POST", "/admin/restart", ok=(202,))
+    if not args.json:
+        print(f"warm restart of {body.get('target')} (operation {body['id']})")
+    return follow(client, body, args, settings)
+
+
+def follow(client: Client, op: dict, args: argparse.Namespace, settings: Settings) -> int:
+    """Poll the operation until it ends, showing the states it goes through."""
+    if args.no_wait:
+        if args.json:
+            _print_json(op)
+        else:
+            print(f"accepted; follow it with: gptoss-spark status  (or GET {op['poll']})")
+        return 0
+    t = settings.timeouts
+    limit = args.timeout if args.timeout is not None else t.drain + t.shutdown_grace + t.load + 60
+    deadline = time.monotonic() + limit
+    started = time.monotonic()
+    last_state = None
+    while op.get("status") in ("pending", "running"):
+        if time.monotonic() > deadline:
+            raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
+                           "follow it with `gptoss-spark status`")
+        time.sleep(POLL_SECONDS)
+        if not args.json:
+            r = client.request("GET", "/admin/health")
+            state = r.json().get("state") if r.headers.get("content-type", "").startswith("application/json") else None
+            if state and state != last_state:
+                print(f"  {state}")
+                last_state = state
+        _, op = client.json("GET", op["poll"])
+    took = time.monotonic() - started
+    if args.json:
+        _print_json(op)
+    elif op["status"] == "succeeded":
+        what = f"switched to {op['target']}" if op["kind"] == "switch" else f"restarted {op['target']}"
+        print(f"{what}: ready after {took:.0f} s")
+    else:
+        print(f"{op['kind']} to {op['target']} FAILED: {op.get('error')}", file=sys.stderr)
+        if op.get("rolled_back_to"):
+            print(f"rolled back to {op['rolled_back_to']}: it is starting again; "
+                  "follow it with `gptoss-spark status`", file=sys.stderr)
+    return 0 if op["status"] == "succeeded" else 1
+
+
+# ---- rendering --------------------------------------------------------------------------------
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    parts = [f"{d}d"] if d else []
+    if d or h:
+        parts.append(f"{h}h")
+    if d or h or m:
+        parts.append(f"{m}m")
+    parts.append(f"{s}s")
+    return "".join(parts)
+
+
+def render_status(snap: dict) -> str:
+    saved = snap.get("saved") or {}
+    mem = snap.get("memory")
+    state = snap.get("state", "?")
+    if state == "ready" and snap.get("ready_seconds") is not None:
+        state += f" for {_duration(snap['ready_seconds'])}"
+    engine = "-"
+    if snap.get("engine_pid"):
+        engine = f"pid {snap['engine_pid']}, {snap.get('engine_url')}"
+    sw = snap.get("switches") or {}
+    rows = [
+        ("state", state),
+        ("profile", f"{snap.get('profile') or '-'} (last good: {saved.get('last_good_profile') or '-'})"),
+        ("engine", engine),
+        ("uptime", _duration(snap.get("uptime_seconds"))),
+        ("restarts", f"{snap.get('restarts', 0)} (failures in window: {snap.get('recent_failures', 0)})"),
+        ("switches", f"{sw.get('ok', 0)} ok, {sw.get('failed', 0)} failed"),
+    ]
+    if mem:
+        psi = mem.get("psi_some_avg10")
+        rows.append(("memory", f"{mem['available_gib']:.1f} of {mem['total_gib']:.1f} GiB available"
+                               + (f", PSI some avg10 {psi:.1f}%" if psi is not None else "")
+                               + f", guard trips {mem.get('guard_trips', 0)}"))
+    op = snap.get("operation")
+    if op:
+        line = f"{op['kind']} -> {op['target']}: {op['status']}"
+        if op.get("error"):
+            line += f" ({op['error']})"
+        rows.append(("operation", line))
+    rows.append(("last error", snap.get("last_error") or "-"))
+    out = [f"{k:<11}{v}" for k, v in rows]
+    transitions = snap.get("transitions") or []
+    if transitions:
+        out.append("recent transitions:")
+        for t in transitions[-10:]:
+            when = datetime.fromtimestamp(t["at"]).strftime("%H:%M:%S")
+            out.append(f"  {when}  {t['from']:>8} -> {t['to']:<8}  {t.get('profile') or '-'}: {t['reason']}")
+    return "\n".join(out)
+
+
+def render_profiles(body: dict) -> str:
+    out = [f"active: {body.get('active') or '-'} ({body.get('state')}); last good: {body.get('last_good') or '-'}"]
+    profiles = body.get("profiles") or []
+    width = max((len(p["name"]) for p in profiles), default=4)
+    for p in profiles:
+        mark = "*" if p.get("active") else " "
+        out.append(f" {mark} {p['name']:<{width}}  {p['description']}")
+    if body.get("operation") and body["operation"]["status"] in ("pending", "running"):
+        op = body["operation"]
+        out.append(f"in progress: {op['kind']} -> {op['target']} ({op['status']})")
+    return "\n".join(out)
