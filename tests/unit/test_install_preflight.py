@@ -1,0 +1,147 @@
+"""Preflight with fake hosts: a Spark, other GPUs, no driver, full disk, bad Python."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gptoss_spark.install import layout as L
+from gptoss_spark.install.layout import Layout
+from gptoss_spark.install.preflight import Probes, parse_gpus, run_preflight
+
+GIB = 1024 ** 3
+SPARK_SMI = "NVIDIA GB10, 12.1, 580.95.05\n"
+
+
+def probes(**kw) -> Probes:
+    base = dict(
+        euid=lambda: 0,
+        machine=lambda: "aarch64",
+        systemd_booted=lambda: True,
+        which=lambda name: f"/usr/bin/{name}",
+        nvidia_smi=lambda: (0, SPARK_SMI),
+        python_facts=lambda py: ((3, 12, 3), True),
+        free_bytes=lambda p: (500 * GIB, 1),
+        mode_of=lambda p: stat.S_IFDIR | 0o755,
+    )
+    base.update(kw)
+    return Probes(**base)
+
+
+def pf(tmp_path: Path, *, cpu=False, allow=False, venv_exists=False, **kw):
+    return run_preflight(Layout(root=tmp_path), cpu=cpu, allow_unsupported_gpu=allow, python="/usr/bin/python3",
+                         source=None, venv_exists=venv_exists, probes=probes(**kw))
+
+
+def test_spark_passes(tmp_path):
+    r = pf(tmp_path)
+    assert r.exit_code == 0, r.render()
+    assert "GB10" in r.render()
+
+
+def test_missing_checkpoint_warns_but_passes(tmp_path):
+    r = pf(tmp_path)
+    ck = next(c for c in r.checks if c.name == "checkpoint")
+    assert ck.ok and ck.warning and "no checkpoint" in ck.message
+
+
+@pytest.mark.parametrize("kw,code", [
+    (dict(euid=lambda: 1000), L.EXIT_NOT_ROOT),
+    (dict(systemd_booted=lambda: False), L.EXIT_NO_SYSTEMD),
+    (dict(which=lambda n: None), L.EXIT_NO_SYSTEMD),
+    (dict(machine=lambda: "x86_64"), L.EXIT_WRONG_ARCH),
+    (dict(nvidia_smi=lambda: (_ for _ in ()).throw(FileNotFoundError("nvidia-smi"))), L.EXIT_NO_GPU),
+    (dict(nvidia_smi=lambda: (9, "NVIDIA-SMI has failed because it couldn't communicate with the driver")),
+     L.EXIT_NO_GPU),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA H100 80GB HBM3, 9.0, 570.1\n")), L.EXIT_WRONG_GPU),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA GeForce RTX 5090, 12.0, 580.1\n")), L.EXIT_WRONG_GPU),
+    (dict(python_facts=lambda py: ((3, 10, 12), True)), L.EXIT_PYTHON),
+    (dict(python_facts=lambda py: ((3, 12, 3), False)), L.EXIT_PYTHON),
+    (dict(python_facts=lambda py: None), L.EXIT_PYTHON),
+    (dict(free_bytes=lambda p: (5 * GIB, 1)), L.EXIT_DISK),
+])
+def test_each_failure_has_its_own_exit_code_and_one_line(tmp_path, kw, code):
+    r = pf(tmp_path, **kw)
+    assert r.exit_code == code
+    failed = [c for c in r.checks if not c.ok]
+    assert failed and "\n" not in failed[0].message
+
+
+def test_codes_are_distinct():
+    codes = [v for k, v in vars(L).items() if k.startswith("EXIT_")]
+    assert len(codes) == len(set(codes))
+
+
+def test_nvidia_smi_timeout_is_a_gpu_failure(tmp_path):
+    def hang():
+        raise subprocess.TimeoutExpired("nvidia-smi", 60)
+    assert pf(tmp_path, nvidia_smi=hang).exit_code == L.EXIT_NO_GPU
+
+
+def test_first_failure_decides(tmp_path):
+    r = pf(tmp_path, euid=lambda: 1000, free_bytes=lambda p: (1, 1))
+    assert r.exit_code == L.EXIT_NOT_ROOT
+    assert sum(not c.ok for c in r.checks) == 2  # but every problem is reported
+
+
+def test_override_accepts_other_gpu_with_a_warning(tmp_path):
+    r = pf(tmp_path, allow=True, machine=lambda: "x86_64", nvidia_smi=lambda: (0, "NVIDIA H200, 9.0, 570.1\n"))
+    assert r.exit_code == 0
+    assert any(c.warning and "H200" in c.message for c in r.checks)
+
+
+def test_override_still_needs_a_gpu(tmp_path):
+    r = pf(tmp_path, allow=True, nvidia_smi=lambda: (_ for _ in ()).throw(FileNotFoundError()))
+    assert r.exit_code == L.EXIT_NO_GPU
+
+
+def test_cpu_mode_skips_gpu_and_arch(tmp_path):
+    r = pf(tmp_path, cpu=True, machine=lambda: "x86_64",
+           nvidia_smi=lambda: (_ for _ in ()).throw(AssertionError("must not probe the GPU")))
+    assert r.exit_code == 0
+    assert "demonstration" in r.render()
+
+
+def test_cpu_mode_needs_less_disk(tmp_path):
+    assert pf(tmp_path, cpu=True, free_bytes=lambda p: (12 * GIB, 1)).exit_code == 0
+    assert pf(tmp_path, free_bytes=lambda p: (12 * GIB, 1)).exit_code == L.EXIT_DISK
+
+
+def test_rerun_with_venv_present_needs_no_venv_space(tmp_path):
+    assert pf(tmp_path, venv_exists=True, free_bytes=lambda p: (12 * GIB, 1)).exit_code == 0
+
+
+def test_disk_on_separate_filesystems(tmp_path):
+    devs = {"opt": (21 * GIB, 1), "var": (1 * GIB, 2)}
+    r = pf(tmp_path, free_bytes=lambda p: devs["opt" if "opt" in str(p) else "var"])
+    assert r.exit_code == L.EXIT_DISK and "/var/lib/gptoss-spark" in r.render()
+
+
+def test_interpreter_under_private_home_is_refused(tmp_path):
+    def mode_of(p: Path) -> int:
+        return stat.S_IFDIR | (0o700 if str(p) == "/root" else 0o755)
+    r = run_preflight(Layout(root=tmp_path), cpu=True, allow_unsupported_gpu=False,
+                      python="/root/.pyenv/versions/3.11.7/bin/python3", probes=probes(mode_of=mode_of))
+    assert r.exit_code == L.EXIT_PYTHON and "/root" in r.render()
+
+
+def test_checkpoint_found(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00001.safetensors").write_bytes(b"")
+    src = tmp_path / "src"
+    (src / "etc").mkdir(parents=True)
+    (src / "etc" / "gptoss-spark.toml").write_text(f'[model]\ndir = "{model}"\n')
+    r = run_preflight(Layout(root=tmp_path / "root"), cpu=False, allow_unsupported_gpu=False,
+                      python="/usr/bin/python3", source=src, probes=probes())
+    ck = next(c for c in r.checks if c.name == "checkpoint")
+    assert ck.ok and not ck.warning
+
+
+def test_parse_gpus():
+    assert parse_gpus(SPARK_SMI) == [("NVIDIA GB10", "12.1", "580.95.05")]
+    assert parse_gpus("") == []

@@ -1,0 +1,383 @@
+"""Installer steps against a scratch root: venv id, build with a fake runner,
+atomic switch, rollback, config placement, token, unit, uninstall, dry runs."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptoss_spark.install import placement, uninstall, venvs
+from gptoss_spark.install import layout as L
+from gptoss_spark.install.layout import InstallError, Layout
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    s = tmp_path / "src"
+    (s / "gptoss_spark").mkdir(parents=True)
+    (s / "gptoss_spark" / "__init__.py").write_text('__version__ = "1.2.3"\n')
+    (s / "gptoss_spark" / "mod.py").write_text("x = 1\n")
+    (s / "pyproject.toml").write_text("[project]\nname='x'\n")
+    (s / "README.md").write_text("readme\n")
+    (s / "patches" / "vllm").mkdir(parents=True)
+    (s / "patches" / "vllm" / "01-a.patch").write_text("p\n")
+    (s / "etc" / "profiles").mkdir(parents=True)
+    (s / "etc" / "profiles-cpu").mkdir(parents=True)
+    (s / "etc" / "gptoss-spark.toml").write_text((REPO / "etc" / "gptoss-spark.toml").read_text())
+    (s / "etc" / "profiles" / "plain.toml").write_text("[engine]\nargs = []\n")
+    (s / "etc" / "profiles-cpu" / "demo.toml").write_text("[engine]\nargs = ['--x']\n")
+    (s / "systemd").mkdir()
+    (s / "systemd" / "gptoss-spark.service").write_text((REPO / "systemd" / "gptoss-spark.service").read_text())
+    return s
+
+
+@pytest.fixture
+def lay(tmp_path) -> Layout:
+    return Layout(root=tmp_path / "root")
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    out = {}
+    if not root.exists():
+        return out
+    for p in [root, *root.rglob("*")]:
+        st = p.lstat()
+        out[str(p)] = (st.st_mode, st.st_uid, st.st_gid,
+                       os.readlink(p) if p.is_symlink() else (p.read_bytes() if p.is_file() else None))
+    return out
+
+
+# ---------------------------------------------------------------- venv id
+
+def test_venv_id_is_stable_and_tracks_inputs(src):
+    a = venvs.venv_id(src, mode="cpu", python_version="3.11.2")
+    assert a == venvs.venv_id(src, mode="cpu", python_version="3.11.2")
+    assert a.startswith("1.2.3-cpu-")
+    assert venvs.venv_id(src, mode="spark", python_version="3.11.2") != a
+    assert venvs.venv_id(src, mode="cpu", python_version="3.12.3") != a
+    (src / "README.md").write_text("docs edit\n")
+    (src / "gptoss_spark" / "__pycache__").mkdir()
+    (src / "gptoss_spark" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"junk")
+    assert venvs.venv_id(src, mode="cpu", python_version="3.11.2") == a  # no reinstall for docs or bytecode
+    (src / "patches" / "vllm" / "01-a.patch").write_text("changed\n")
+    assert venvs.venv_id(src, mode="cpu", python_version="3.11.2") != a
+
+
+def test_stage_source_copies_what_pip_needs(src, tmp_path):
+    dest = venvs.stage_source(src, tmp_path / "stage")
+    assert (dest / "pyproject.toml").is_file() and (dest / "README.md").is_file()
+    assert (dest / "gptoss_spark" / "mod.py").is_file()
+    assert not (dest / "etc").exists()
+
+
+# ---------------------------------------------------------------- build
+
+class FakeRunner:
+    def __init__(self, fail_on: str | None = None, has: tuple[str, ...] = ("patches", "demo-model")):
+        self.calls: list[list[str]] = []
+        self.fail_on = fail_on
+        self.has = has
+
+    def __call__(self, argv) -> int:
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        if argv[1:3] == ["-m", "venv"]:
+            Path(argv[3], "bin").mkdir(parents=True)
+        if argv[-1] == "--help":
+            return 0 if argv[1] in self.has else 2
+        if self.fail_on and self.fail_on in " ".join(argv):
+            return 1
+        return 0
+
+
+def plan(lay, src, mode="cpu") -> venvs.BuildPlan:
+    return venvs.BuildPlan(layout=lay, source=src, venv_id=venvs.venv_id(src, mode=mode, python_version="3.11.2"),
+                           mode=mode, python="/usr/bin/python3")
+
+
+def test_build_runs_the_steps_and_marks_complete(lay, src):
+    run = FakeRunner()
+    p = plan(lay, src)
+    assert venvs.build_venv(p, run=run, log=lambda s: None) is True
+    joined = [" ".join(c) for c in run.calls]
+    assert any("pip install" in c and c.endswith("[cpu]") for c in joined)
+    assert any("pip uninstall" in c and "torchvision" in c for c in joined)
+    assert any(c.endswith(f"patches apply --venv {p.venv}") for c in joined)
+    assert any(c.endswith(f"patches verify --venv {p.venv}") for c in joined)
+    assert not any("kernels build" in c for c in joined)  # --cpu: no kernels
+    assert venvs.is_complete(p.venv)
+    assert not p.staged.exists()
+    # unchanged inputs: a re-run runs nothing
+    run2 = FakeRunner()
+    assert venvs.build_venv(p, run=run2, log=lambda s: None) is False
+    assert run2.calls == []
+
+
+def test_spark_build_compiles_kernels_when_available(lay, src):
+    run = FakeRunner(has=("patches", "kernels"))
+    venvs.build_venv(plan(lay, src, "spark"), run=run, log=lambda s: None)
+    joined = [" ".join(c) for c in run.calls]
+    assert any(c.endswith("[spark]") for c in joined)
+    assert any(c.endswith("kernels build --arch 12.1a") for c in joined)
+    assert not any("pip uninstall" in c for c in joined)
+
+
+def test_missing_patch_command_is_a_hook_point(lay, src):
+    logs = []
+    run = FakeRunner(has=())
+    venvs.build_venv(plan(lay, src), run=run, log=logs.append)
+    assert any("patches" in s and "skipped" in s for s in logs)
+
+
+@pytest.mark.parametrize("fail_on,code", [("pip install", L.EXIT_VENV), ("patches apply", L.EXIT_PATCHES),
+                                          ("patches verify", L.EXIT_PATCHES), ("kernels build", L.EXIT_KERNELS)])
+def test_failed_step_removes_the_new_venv_and_leaves_current(lay, src, fail_on, code):
+    good = plan(lay, src, "spark")
+    venvs.build_venv(good, run=FakeRunner(has=("patches", "kernels")), log=lambda s: None)
+    venvs.switch_current(lay, good.venv_id)
+    before = snapshot(lay.opt_dir)
+    (src / "gptoss_spark" / "mod.py").write_text("x = 2\n")
+    bad = plan(lay, src, "spark")
+    with pytest.raises(InstallError) as e:
+        venvs.build_venv(bad, run=FakeRunner(fail_on=fail_on, has=("patches", "kernels")), log=lambda s: None)
+    assert e.value.exit_code == code
+    assert not bad.venv.exists()
+    assert snapshot(lay.opt_dir) == before
+
+
+def test_unfinished_build_is_rebuilt(lay, src):
+    p = plan(lay, src)
+    (p.venv / "bin").mkdir(parents=True)  # a crash mid-build: no marker
+    assert venvs.build_venv(p, run=FakeRunner(), log=lambda s: None) is True
+    assert venvs.is_complete(p.venv)
+
+
+# ---------------------------------------------------------------- switch / rollback / prune
+
+def fake_venv(lay: Layout, vid: str) -> None:
+    d = lay.venvs_dir / vid
+    d.mkdir(parents=True)
+    (d / venvs.COMPLETE_MARKER).write_text("{}")
+
+
+def test_switch_is_atomic_and_keeps_previous(lay):
+    fake_venv(lay, "a")
+    fake_venv(lay, "b")
+    assert venvs.switch_current(lay, "a") is True
+    assert os.readlink(lay.current) == "venvs/a"
+    assert venvs.switch_current(lay, "a") is False  # no-op
+    assert venvs.switch_current(lay, "b") is True
+    assert os.readlink(lay.current) == "venvs/b" and os.readlink(lay.previous) == "venvs/a"
+    assert lay.current.resolve() == (lay.venvs_dir / "b").resolve()
+    assert not list(lay.opt_dir.glob(".*tmp"))
+
+
+def test_switch_refuses_incomplete(lay):
+    (lay.venvs_dir / "half").mkdir(parents=True)
+    with pytest.raises(InstallError):
+        venvs.switch_current(lay, "half")
+
+
+def test_switch_uses_rename(lay, monkeypatch):
+    fake_venv(lay, "a")
+    seen = []
+    real = os.replace
+    monkeypatch.setattr(venvs.os, "replace", lambda s, d: (seen.append((Path(s).name, Path(d).name)), real(s, d)))
+    venvs.switch_current(lay, "a")
+    assert seen and seen[0][1] == "current"
+
+
+def test_rollback_swaps_and_needs_a_previous(lay):
+    fake_venv(lay, "a")
+    venvs.switch_current(lay, "a")
+    with pytest.raises(InstallError) as e:
+        venvs.rollback(lay)
+    assert e.value.exit_code == L.EXIT_NO_PREVIOUS
+    fake_venv(lay, "b")
+    venvs.switch_current(lay, "b")
+    assert venvs.rollback(lay, dry_run=True) == ("b", "a")
+    assert os.readlink(lay.current) == "venvs/b"
+    assert venvs.rollback(lay) == ("b", "a")
+    assert os.readlink(lay.current) == "venvs/a" and os.readlink(lay.previous) == "venvs/b"
+    venvs.rollback(lay)  # and back again
+    assert os.readlink(lay.current) == "venvs/b"
+
+
+def test_prune_keeps_current_and_previous(lay):
+    for v in "abc":
+        fake_venv(lay, v)
+        venvs.switch_current(lay, v)
+    (lay.venvs_dir / "half").mkdir()
+    assert venvs.prune(lay, dry_run=True) == ["a", "half"]
+    assert (lay.venvs_dir / "a").exists()
+    assert venvs.prune(lay) == ["a", "half"]
+    assert sorted(p.name for p in lay.venvs_dir.iterdir()) == ["b", "c"]
+
+
+# ---------------------------------------------------------------- config, token, unit
+
+def test_config_written_only_if_absent_with_dist_beside(lay, src):
+    placed = placement.place_config(lay, src, cpu=False)
+    assert [p.action for p in placed] == ["created", "created"]
+    cfg = lay.config_file
+    assert 'tiktoken_dir = "/var/lib/gptoss-spark/tiktoken"' in cfg.read_text()
+    assert [p.action for p in placement.place_config(lay, src, cpu=False)] == ["unchanged", "unchanged"]
+    cfg.write_text(cfg.read_text() + "\n# my edit\n")
+    prof = lay.profiles_dir / "plain.toml"
+    prof.write_text("# mine\n")
+    mine_cfg, mine_prof = cfg.read_bytes(), prof.read_bytes()
+    placed = placement.place_config(lay, src, cpu=False)
+    assert [p.action for p in placed] == ["kept", "kept"]
+    assert cfg.read_bytes() == mine_cfg and prof.read_bytes() == mine_prof
+    assert Path(str(cfg) + ".dist").is_file() and Path(str(prof) + ".dist").read_text() == "[engine]\nargs = []\n"
+    assert ".dist" in placed[0].line(lay)
+
+
+def test_stale_dist_removed_when_user_file_matches(lay, src):
+    placement.place_config(lay, src, cpu=False)
+    Path(str(lay.config_file) + ".dist").write_text("old default\n")
+    placement.place_config(lay, src, cpu=False)
+    assert not Path(str(lay.config_file) + ".dist").exists()
+
+
+def test_cpu_config_is_the_demo(lay, src):
+    import tomllib
+    placement.place_config(lay, src, cpu=True)
+    text = lay.config_file.read_text()
+    data = tomllib.loads(text)
+    assert data["default_profile"] == "demo"
+    assert data["model"]["dir"] == "/var/lib/gptoss-spark/demo-model"
+    assert data["model"]["tiktoken_dir"] == "/var/lib/gptoss-spark/tiktoken"
+    assert "DEMONSTRATION" in text and "NOT the DGX Spark configuration" in text
+    assert "# Profile used when none has been chosen" in text  # shipped comments kept
+    assert (lay.profiles_dir / "demo.toml").is_file() and (lay.profiles_dir / "plain.toml").is_file()
+
+
+@pytest.mark.parametrize("text", ["", "[model]\n", "[model]\n# dir = \"/x\"\n[engine]\nport = 1\n",
+                                  "default_profile = \"plain\"\n[model]\ndir = \"/x\" # c\n"])
+def test_set_toml_keys(text):
+    import tomllib
+    out = placement.set_toml_keys(text, {(None, "default_profile"): "demo", ("model", "dir"): "/d"})
+    d = tomllib.loads(out)
+    assert d["default_profile"] == "demo" and d["model"]["dir"] == "/d"
+
+
+def test_token_created_once_with_mode_0640(lay):
+    p = placement.ensure_token(lay, gid=os.getgid(), make=lambda: "secret-1")
+    assert p.action == "created"
+    st = lay.token_file.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == os.getgid()
+    assert lay.token_file.read_text() == "secret-1\n"
+    assert placement.ensure_token(lay, gid=os.getgid(), make=lambda: "secret-2").action == "unchanged"
+    assert lay.token_file.read_text() == "secret-1\n"
+    os.chmod(lay.token_file, 0o644)
+    placement.ensure_token(lay, gid=os.getgid())
+    assert stat.S_IMODE(lay.token_file.stat().st_mode) == 0o640  # mode repaired
+
+
+def test_token_default_is_random():
+    import secrets  # noqa: F401  (placement uses secrets.token_urlsafe(32))
+    lay1 = Layout(root=Path("/nonexistent"))
+    assert placement.ensure_token(lay1, dry_run=True, gid=0).action == "would-create"
+
+
+def test_unit_replaced_only_when_changed(lay, src):
+    assert placement.install_unit(lay, src).action == "created"
+    assert placement.install_unit(lay, src).action == "unchanged"
+    lay.unit_file.write_text("# local edit\n")
+    assert placement.install_unit(lay, src).action == "replaced"
+    assert Path(str(lay.unit_file) + ".old").read_text() == "# local edit\n"
+
+
+def test_dirs_modes(lay):
+    placement.ensure_dirs(lay, owner=(os.getuid(), os.getgid()))
+    assert stat.S_IMODE(lay.state_dir.stat().st_mode) == 0o750
+    assert stat.S_IMODE(lay.opt_dir.stat().st_mode) == 0o755
+    assert lay.user_profiles_dir.is_dir()
+
+
+# ---------------------------------------------------------------- uninstall and dry runs
+
+def installed(lay, src):
+    placement.ensure_dirs(lay, owner=(os.getuid(), os.getgid()))
+    placement.place_config(lay, src, cpu=True)
+    placement.ensure_token(lay, gid=os.getgid())
+    placement.install_unit(lay, src)
+    fake_venv(lay, "a")
+    venvs.switch_current(lay, "a")
+    (lay.state_dir / "state.json").write_text("{}")
+    lay.dropin_dir.mkdir()
+    (lay.dropin_dir / "override.conf").write_text("[Service]\n")
+
+
+def test_uninstall_keeps_config_and_state(lay, src):
+    installed(lay, src)
+    uninstall.uninstall(lay, purge=False)
+    assert not lay.unit_file.exists() and not lay.opt_dir.exists()
+    assert lay.config_file.is_file() and lay.token_file.is_file() and (lay.state_dir / "state.json").is_file()
+    assert (lay.dropin_dir / "override.conf").is_file()
+
+
+def test_uninstall_purge_removes_everything(lay, src):
+    installed(lay, src)
+    uninstall.uninstall(lay, purge=True)
+    for p in (lay.unit_file, lay.opt_dir, lay.etc_dir, lay.state_dir, lay.dropin_dir):
+        assert not p.exists()
+
+
+def test_uninstall_dry_run_changes_nothing(lay, src):
+    installed(lay, src)
+    before = snapshot(lay.root)
+    lines = uninstall.uninstall(lay, purge=True, dry_run=True)
+    assert snapshot(lay.root) == before
+    assert any("would remove" in ln for ln in lines)
+
+
+def run_cli(lay, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gptoss_spark.install", *args, "--root", str(lay.root)],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_every_step_dry_run_changes_nothing(lay, src):
+    installed(lay, src)
+    (src / "gptoss_spark" / "mod.py").write_text("x = 3\n")       # a new version to "install"
+    (src / "etc" / "profiles" / "plain.toml").write_text("new default\n")
+    before = snapshot(lay.root)
+    s = str(src)
+    for args in (["dirs", "--dry-run"], ["build", "--source", s, "--cpu", "--dry-run"],
+                 ["assets", "--venv-id", "x", "--cpu", "--dry-run"],
+                 ["config", "--source", s, "--cpu", "--dry-run"], ["token", "--dry-run"],
+                 ["unit", "--source", s, "--dry-run"], ["switch", "zzz", "--dry-run"],
+                 ["uninstall", "--purge", "--dry-run"]):
+        r = run_cli(lay, *args)
+        assert r.returncode == 0, (args, r.stderr)
+    assert snapshot(lay.root) == before
+
+
+def test_cli_answers_on_stdout(lay, src):
+    r = run_cli(lay, "unit", "--source", str(src))
+    assert r.returncode == 0 and r.stdout.strip() == "changed"
+    r = run_cli(lay, "unit", "--source", str(src))
+    assert r.stdout.strip() == "unchanged"
+    r = run_cli(lay, "rollback")
+    assert r.returncode == L.EXIT_NO_PREVIOUS and "no previous install" in r.stderr
+
+
+def test_install_package_is_stdlib_only():
+    """install.sh runs it with the system interpreter before any venv exists."""
+    code = ("import sys; import gptoss_spark.install.cli, gptoss_spark.install.__main__; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'structlog', 'fastapi', 'httpx')]; "
+            "sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_registered_in_main_cli():
+    from gptoss_spark import cli
+    assert "gptoss_spark.install" in cli.COMMAND_MODULES
