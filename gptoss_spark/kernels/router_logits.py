@@ -1,4 +1,4 @@
-"""Router GEMM for decode: partial logits[s, m, e] = x[m, ks] . Wr[e, ks] over K-split s.
+"""Router GEMM for decode: partial logits[s, m, e] = x[m, ks] . Wr[e, ks] (+ bias in split 0).
 
 Why split K and not rows only: E is 128 (120b) or 32 (20b), so a grid over
 experts alone gives 8 or 2 programs, too few to pull the 0.7 MB router weight
@@ -17,13 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import interpreting
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["M"])
 def router_logits_kernel(
-    x_ptr, w_ptr, partial_ptr,
+    x_ptr, w_ptr, b_ptr, partial_ptr,
     M, E, K, K_PER_SPLIT,
     stride_xm, stride_we,
-    M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    INTERPRET: tl.constexpr = False,
 ):
     pid_e = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -39,9 +42,17 @@ def router_logits_kernel(
                     mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0)
         xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
                      mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0)
-        acc = tl.dot(w, xt, acc)
-    out = partial_ptr + pid_k * M_PAD * E + offs_m[None, :] * E + offs_e[:, None]
-    tl.store(out, acc, mask=offs_e[:, None] < E)
+        if INTERPRET:
+            # Triton 3.9's CPU interpreter gets bf16 x bf16 tl.dot wrong (garbage
+            # values); fp32 operands hold bf16 exactly, so the math is unchanged.
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+    if HAS_BIAS:  # into split 0 only, so the sum over splits adds it once
+        bias = tl.load(b_ptr + offs_e, mask=offs_e < E, other=0.0).to(tl.float32)
+        acc += tl.where(pid_k == 0, bias, 0.0)[:, None]
+    out = partial_ptr + pid_k * M * E + offs_m[None, :] * E + offs_e[:, None]
+    tl.store(out, acc, mask=(offs_e[:, None] < E) & (offs_m[None, :] < M))
 
 
 def m_pad_for(m: int) -> int:
@@ -53,24 +64,28 @@ def m_pad_for(m: int) -> int:
     raise ValueError(f"decode kernels take at most 32 tokens, got {m}")
 
 
-def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, split_k: int = 9,
+def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split_k: int = 9,
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
                           num_stages: int = 3, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, H] bf16, weight [E, H] bf16 -> partial logits fp32 [split_k, M_PAD, E] (sum over dim 0 = logits, no bias)."""
+    """x [M, H] bf16, weight [E, H] bf16, bias [E] -> partial logits fp32 [splits, M, E]; their sum is the logits.
+
+    split_k=1 gives the logits themselves ([1, M, E]) in one launch.
+    """
     m, k = x.shape
     e = weight.shape[0]
     m_pad = m_pad_for(m)
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)
     if out is None:
-        out = torch.empty((split_k, m_pad, e), dtype=torch.float32, device=x.device)
+        out = torch.empty((split_k, m, e), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(e, block_e), split_k)
     router_logits_kernel[grid](
-        x, weight, out, m, e, k, k_per_split, x.stride(0), weight.stride(0),
-        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+        x, weight, bias if bias is not None else weight, out, m, e, k, k_per_split, x.stride(0), weight.stride(0),
+        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, INTERPRET=interpreting(), num_warps=num_warps, num_stages=num_stages)
     return out
 
 
-def router_logits_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """What router_logits_partial(...).sum(0)[:M] must equal (fp32 accumulation of bf16 inputs)."""
-    return x.float() @ weight.float().T
+def router_logits_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What router_logits_partial(...).sum(0) must equal (fp32 accumulation of bf16 inputs)."""
+    logits = x.float() @ weight.float().T
+    return logits + bias.float() if bias is not None else logits

@@ -1,0 +1,16 @@
+"""SM121 MoE decode kernels for gpt-oss in Triton: fused MXFP4 experts and router.
+
+Modules (one kernel per file; docs/KERNELS.md has the design and the numbers):
+  router_logits.py  router GEMM (K-split partials; M<=32 costs what M=1 costs)
+  moe_gate_up.py    top-k routing + gate_up on MXFP4 + bias + SwiGLU
+  moe_down.py       down on MXFP4 + bias + routing-weighted combine
+  routing.py        top-k helpers inlined into the two expert kernels
+  moe.py            the three launches of one layer
+  ops.py            torch.library custom ops (import registers them)
+  reference.py      torch reference of the gpt-oss MoE block; mxfp4.py MXFP4 helpers
+  variants.py, aot.py, cli.py   ahead-of-time build (`gptoss-spark kernels build`)
+  vllm_plugin.py    vLLM general plugin, active when GPTOSS_SPARK_MOE=triton
+
+Nothing here imports triton or torch at package import: the CLI must load on
+hosts without them and say what is missing.
+"""

@@ -1,0 +1,172 @@
+"""Ahead-of-time build: compile every variant into the Triton cache the engine will use.
+
+Two modes:
+  warm (default, on the target GPU): launch each variant once on dummy tensors
+      with TRITON_CACHE_DIR pointing at the service's cache. The JIT compiles
+      exactly the binaries, under exactly the cache keys, that the engine will
+      look up, so a first start compiles nothing.
+  compile-only (--compile-only, no GPU needed): triton.compile() each kernel
+      for the requested arch (e.g. sm_121a) and discard the result. Proves the
+      sources build for that target; CI and the device run this.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from .variants import MODEL_SHAPES, TOKEN_BUCKETS, MoeShape
+
+
+class ToolchainError(UserError):
+    exit_code = 4
+
+
+def parse_arch(arch: str) -> tuple[int, int, bool]:
+    """'12.1a' -> (12, 1, True); '9.0' -> (9, 0, False)."""
+    a = arch.strip().lower()
+    suffix = a.endswith("a")
+    try:
+        major, minor = a.rstrip("a").split(".")
+        return int(major), int(minor), suffix
+    except ValueError:
+        raise UserError(f"--arch {arch!r}: expected MAJOR.MINOR[a], e.g. 12.1a") from None
+
+
+def require_toolchain() -> None:
+    """One-line error naming what is missing: the build needs torch and triton importable."""
+    for mod in ("torch", "triton"):
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ToolchainError(f"kernels build needs Python package '{mod}' ({e}); "
+                                 "install the engine extra (pip install 'gptoss-spark[spark]')") from None
+
+
+@dataclass
+class BuildReport:
+    mode: str
+    target: str
+    compiled: list[str]
+    cache_dir: Path | None
+
+
+def _dummy_inputs(shape: MoeShape, m: int, device):
+    import torch
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(m, h, generator=g).to(device, torch.bfloat16)
+    rw = torch.randn(e, h, generator=g).to(device, torch.bfloat16)
+    rb = torch.randn(e, generator=g).to(device, torch.bfloat16) if shape.has_bias else None
+    u8 = lambda *s: torch.randint(0, 256, s, dtype=torch.uint8, generator=g).to(device)
+    sc = lambda *s: torch.randint(118, 125, s, dtype=torch.uint8, generator=g).to(device)
+    w13, s13 = u8(e, 2 * i, h // 2), sc(e, 2 * i, h // 32)
+    w2, s2 = u8(e, h, i // 2), sc(e, h, i // 32)
+    b13 = torch.zeros(e, 2 * i, device=device, dtype=torch.bfloat16) if shape.has_bias else None
+    b2 = torch.zeros(e, h, device=device, dtype=torch.bfloat16) if shape.has_bias else None
+    return x, rw, rb, w13, s13, b13, w2, s2, b2
+
+
+def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
+    """Launch every variant on this GPU so the Triton cache at cache_dir holds them all."""
+    require_toolchain()
+    import torch
+    if not torch.cuda.is_available():
+        raise ToolchainError(f"kernels build --arch {arch} needs a CUDA GPU (torch sees none); "
+                             "use --compile-only to only check that the kernels compile")
+    major, minor, _ = parse_arch(arch)
+    have = torch.cuda.get_device_capability()
+    if have != (major, minor):
+        raise ToolchainError(f"kernels build --arch {arch}: this GPU is sm_{have[0]}{have[1]}, not sm_{major}{minor}; "
+                             "run it on the target machine or use --compile-only")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Triton reads its cache dir when the cache manager is first used: set it before any compile.
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    from .ops import moe_decode, router_logits
+    compiled = []
+    for shape in shapes:
+        for m in TOKEN_BUCKETS:
+            args = _dummy_inputs(shape, m, "cuda")
+            moe_decode(*args, shape.top_k)
+            router_logits(args[0], args[1], args[2])
+            compiled.append(f"{shape.name} M<={16 if m <= 16 else 32}")
+    torch.cuda.synchronize()
+    return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
+
+
+def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = pointer_types.get(name, "*bf16")
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[tuple[str, object]]:
+    """triton.compile() the three kernels for one shape and bucket; returns (name, CompiledKernel)."""
+    import triton
+    from .moe import DEFAULT_CONFIG
+    from .moe_down import moe_down_kernel
+    from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
+    from .router_logits import router_logits_kernel
+    cfg = config or DEFAULT_CONFIG
+    e_pad = triton.next_power_of_2(shape.experts)
+    jobs = [
+        (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32"},
+         dict(M_PAD=m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
+              INTERPRET=False), dict(num_warps=4, num_stages=3)),
+        (moe_gate_up_kernel, {"x_ptr": "*bf16", "partial_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8",
+                              "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32",
+                              "experts_ptr": "*i32", "n_experts_ptr": "*i32"},
+         dict(TOPK=shape.top_k, M_PAD=m_pad, E_PAD=e_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
+              HAS_BIAS=shape.has_bias, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
+         dict(num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)),
+        (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
+                           "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
+                           "out_ptr": "*bf16"},
+         dict(TOPK=shape.top_k, M_PAD=m_pad, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
+              HAS_BIAS=shape.has_bias),
+         dict(num_warps=cfg.down_warps, num_stages=cfg.down_stages)),
+    ]
+    out = []
+    for kernel, ptrs, consts, opts in jobs:
+        src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, ptrs, consts), constexprs=consts)
+        out.append((kernel.fn.__name__, triton.compile(src, target=target, options=opts)))
+    return out
+
+
+def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
+    """Compile every variant for arch without a GPU; raises ToolchainError if the toolchain is missing."""
+    require_toolchain()
+    from triton.backends.compiler import GPUTarget
+    major, minor, _ = parse_arch(arch)
+    # Triton appends the 'a' suffix itself for capabilities that have one (sm_90a, sm_121a).
+    target = GPUTarget("cuda", major * 10 + minor, 32)
+    compiled = []
+    for shape in shapes:
+        for m in TOKEN_BUCKETS:
+            m_pad = 16 if m <= 16 else 32
+            try:
+                kernels = compile_variants(shape, m_pad, target)
+            except (FileNotFoundError, RuntimeError) as e:
+                if "ptxas" in str(e):  # the NVIDIA backend's assembler is missing or too old for the arch
+                    raise ToolchainError(f"kernels build for sm_{major}{minor} needs a ptxas that knows it: "
+                                         f"{str(e).splitlines()[0]}") from None
+                raise
+            for name, ck in kernels:
+                ptx = ck.asm.get("ptx", "")
+                tgt = next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), "?")
+                compiled.append(f"{shape.name} M_PAD={m_pad} {name} -> {tgt}")
+    return BuildReport("compile-only", f"sm_{major}{minor}", compiled, None)
+
+
+def clear(cache_dir: Path) -> None:
+    shutil.rmtree(cache_dir, ignore_errors=True)

@@ -1,0 +1,30 @@
+"""Every kernel variant the service can launch: the list the AOT build compiles.
+
+A Triton kernel is compiled once per set of constexprs and argument
+specializations. The decode kernels fix M out of the specialization
+(do_not_specialize) and bucket tokens into M_PAD 16 or 32, so the variants
+are the model shapes x the two buckets. Both gpt-oss models are listed: a
+profile may point at either, and compiling both takes seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    name: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    has_bias: bool = True  # gpt-oss has router and expert biases
+
+
+GPT_OSS_120B = MoeShape("gpt-oss-120b", experts=128, hidden=2880, intermediate=2880, top_k=4)
+GPT_OSS_20B = MoeShape("gpt-oss-20b", experts=32, hidden=2880, intermediate=2880, top_k=4)
+MODEL_SHAPES = (GPT_OSS_120B, GPT_OSS_20B)
+
+# One token count per M_PAD bucket (16 and 32); M itself is not specialized.
+TOKEN_BUCKETS = (1, 32)
