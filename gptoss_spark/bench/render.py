@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from .seed import SEED_LABEL, SEED_LOADTEST, SEED_SINGLE_STREAM_TOK_S
+from .seed import SEED_LABEL, SEED_LOADTEST, SEED_PROTOCOL, SEED_SINGLE_STREAM_TOK_S
 
 
 class Progress:
@@ -89,6 +89,9 @@ def _reference_single(result: dict) -> list[str]:
     lines += [f"  {name} profile: {value} tok/s single stream" for name, value in shown.items()]
     if not result["host"].get("is_dgx_spark"):
         lines.append("  this host is not a DGX Spark: its numbers are not comparable with the seed's")
+    p = result["protocol"]
+    if (p["endpoint"], p["max_tokens"], p.get("reasoning_effort"), p["ignore_eos"]) != SEED_PROTOCOL:
+        lines.append("  this run's protocol differs from the seed's (chat, 512 tokens, reasoning_effort low)")
     return lines
 
 

@@ -11,6 +11,7 @@ SEED_LABEL = "seed's Spark figure (luka-loehr/gptoss-spark 0.2.0, not measured h
 
 # Seed protocol: 4 requests x 512 tokens, temperature 0, reasoning_effort low,
 # streamed chat completions, decode median.
+SEED_PROTOCOL = ("chat", 512, "low", False)  # endpoint, max_tokens, reasoning_effort, ignore_eos
 SEED_SINGLE_STREAM_TOK_S = {"plain": 64.3, "spec": 68.9}
 
 # 30 concurrent users, plain profile only.
