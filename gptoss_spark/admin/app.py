@@ -156,6 +156,7 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
     app = FastAPI(title="gptoss-spark admin", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    app.state.watchers = watchers  # cancelled by the server on exit
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

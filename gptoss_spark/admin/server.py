@@ -120,3 +120,5 @@ async def run_admin_server(supervisor: "Supervisor", settings: Settings) -> None
         raise
     finally:
         sock.close()
+        for task in list(app.state.watchers):
+            task.cancel()

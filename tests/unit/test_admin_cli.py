@@ -1,0 +1,210 @@
+"""`gptoss-spark status | profile | restart` against a real admin server (a supervisor that is not running)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from gptoss_spark import cli
+from gptoss_spark.admin import run_admin_server
+from gptoss_spark.admin_cli import render_status
+from gptoss_spark.config import Settings
+from gptoss_spark.memory import GIB, MemoryReading
+from gptoss_spark.state import PersistedState
+from gptoss_spark.states import State
+from gptoss_spark.supervisor import Supervisor
+
+TOKEN = "cli-token-" + "b" * 32
+
+
+class PlentyOfMemory:
+    def read(self) -> MemoryReading:
+        return MemoryReading(available_bytes=100 * GIB, total_bytes=128 * GIB, psi_some_avg10=1.0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """The admin server in its own event loop on a thread, like the supervisor process runs it."""
+
+    def __init__(self, settings: Settings):
+        self.loop = asyncio.new_event_loop()
+        self.sup: Supervisor | None = None
+        self.settings = settings
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(20)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.sup = Supervisor(self.settings, memory_source=PlentyOfMemory())
+        self.task = self.loop.create_task(run_admin_server(self.sup, self.settings))
+        self.loop.call_soon(self._wait_listening)
+        self.loop.run_forever()
+
+    def _wait_listening(self) -> None:
+        try:
+            socket.create_connection(("127.0.0.1", self.settings.admin.port), timeout=0.2).close()
+            self.ready.set()
+        except OSError:
+            self.loop.call_later(0.05, self._wait_listening)
+
+    def do(self, fn):
+        """Run fn() in the service's loop (the supervisor is not thread-safe) and return its result."""
+        async def wrapper():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(10)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.task.cancel)
+        self.loop.call_soon_threadsafe(lambda: self.loop.call_later(0.5, self.loop.stop))
+        self.thread.join(20)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "demo.toml").write_text('description = "the demo"\n')
+    (profiles / "demo-b.toml").write_text('description = "the other demo"\n')
+    (tmp_path / "admin.token").write_text(TOKEN + "\n")
+    cfg = tmp_path / "gptoss-spark.toml"
+    cfg.write_text(f"""
+default_profile = "demo"
+[model]
+dir = "{model}"
+[admin]
+port = {free_port()}
+token_file = "{tmp_path / 'admin.token'}"
+[paths]
+state_dir = "{tmp_path / 'state'}"
+profile_dirs = ["{profiles}"]
+[timeouts]
+load = 5
+drain = 1
+shutdown_grace = 1
+""")
+    return cfg
+
+
+@pytest.fixture
+def service(config: Path):
+    from structlog.testing import capture_logs
+
+    from gptoss_spark.config import load_settings
+    with capture_logs():  # keep the service's log lines out of the CLI's captured stdout
+        svc = Service(load_settings(config))
+        yield svc
+        svc.close()
+
+
+def make_ready(sup: Supervisor, name: str = "demo") -> None:
+    sup.profile_name = name
+    for s in (State.STARTING, State.LOADING, State.READY):
+        sup.sm.to(s, "test", name)
+    sup.store.save(PersistedState(active_profile=name, last_good_profile=name))
+
+
+def test_status_human_and_json_exit_code_follows_readiness(service, config, capsys):
+    assert cli.main(["status", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("state      stopped")
+    service.do(lambda: make_ready(service.sup))
+    assert cli.main(["status", "--config", str(config), "--json"]) == 0
+    snap = json.loads(capsys.readouterr().out)
+    assert snap["state"] == "ready" and snap["profile"] == "demo"
+
+
+def test_profile_lists_and_marks_the_active_one(service, config, capsys):
+    service.do(lambda: make_ready(service.sup))
+    assert cli.main(["profile", "--config", str(config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "active: demo (ready); last good: demo"
+    assert out[1].split() == ["*", "demo", "the", "demo"]
+    assert out[2].split()[0] == "demo-b"
+
+
+def test_profile_switch_no_wait_queues_it(service, config, capsys):
+    service.do(lambda: make_ready(service.sup))
+    assert cli.main(["profile", "demo-b", "--no-wait", "--config", str(config)]) == 0
+    assert "switching demo -> demo-b" in capsys.readouterr().out
+    pending = service.do(lambda: service.sup._pending)
+    assert pending is not None and pending.op.target == "demo-b"
+
+
+def test_profile_switch_waits_and_reports_a_failure_with_its_rollback(service, config, capsys):
+    service.do(lambda: make_ready(service.sup))
+
+    def fail_it_when_queued():
+        async def go():
+            while service.sup._pending is None:
+                await asyncio.sleep(0.02)
+            op = service.sup._pending.op
+            op.rolled_back_to = "demo"
+            op.finish(False, "profile demo-b failed: engine exited with code 2; rolled back to demo")
+        return asyncio.ensure_future(go())
+
+    service.do(fail_it_when_queued)
+    assert cli.main(["profile", "demo-b", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "switch to demo-b FAILED: profile demo-b failed: engine exited with code 2" in err
+    assert "rolled back to demo" in err
+
+
+def test_switch_to_the_active_profile_is_a_noop(service, config, capsys):
+    service.do(lambda: make_ready(service.sup))
+    assert cli.main(["profile", "demo", "--config", str(config)]) == 0
+    assert "already active" in capsys.readouterr().out
+
+
+def test_unknown_profile_is_one_line_and_nonzero(service, config, capsys):
+    service.do(lambda: make_ready(service.sup))
+    assert cli.main(["profile", "nosuch", "--config", str(config)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown profile 'nosuch'" in err[0]
+
+
+def test_missing_token_file_is_a_clear_error(service, config, capsys, tmp_path):
+    (tmp_path / "admin.token").unlink()
+    assert cli.main(["restart", "--config", str(config)]) == 77
+    assert "admin token file" in capsys.readouterr().err
+
+
+def test_wrong_token_is_reported_as_refused(service, config, capsys, tmp_path):
+    service.do(lambda: make_ready(service.sup))
+    (tmp_path / "other.token").write_text("z" * 40)
+    other = tmp_path / "other.toml"
+    other.write_text(config.read_text().replace(str(tmp_path / "admin.token"), str(tmp_path / "other.token")))
+    assert cli.main(["restart", "--config", str(other)]) == 77
+    err = capsys.readouterr().err
+    assert "refused the token" in err and "z" * 40 not in err
+
+
+def test_service_down_is_a_clear_error(config, capsys):
+    assert cli.main(["status", "--config", str(config)]) == 69
+    assert "not answering at http://127.0.0.1:" in capsys.readouterr().err
+
+
+def test_render_status_shows_the_last_error_and_transitions():
+    text = render_status({
+        "state": "backoff", "profile": "demo", "engine_pid": None, "uptime_seconds": 3725,
+        "restarts": 2, "recent_failures": 2, "last_error": "engine exited with code 1",
+        "switches": {"ok": 1, "failed": 0}, "saved": {"last_good_profile": "demo"},
+        "transitions": [{"at": 0, "from": "ready", "to": "stopping", "reason": "crash", "profile": "demo"}],
+    })
+    assert "last error engine exited with code 1" in text
+    assert "uptime     1h2m5s" in text
+    assert "ready -> stopping" in text
