@@ -311,12 +311,13 @@ def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = defau
         log(f"  demo model: {layout.real(d)} present")
     elif dry_run:
         log(f"  would generate the demo model at {layout.real(d)}")
-    elif has_subcommand(venv, "demo-model", probe):
+    elif probe([py, "-c", "import gptoss_spark.demo_model"]) == 0:
         log(f"  generating the tiny demo model at {layout.real(d)}")
-        _step(run([str(venv / "bin" / "gptoss-spark"), "demo-model", str(d)]) == 0,
+        _step(run([py, "-c", "import sys, pathlib; from gptoss_spark.demo_model import make_demo_model as f; "
+                             "f(pathlib.Path(sys.argv[1]))", str(d)]) == 0,
               f"could not generate the demo model at {d}", EXIT_ASSETS)
         for p in [d, *d.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
     else:
-        raise InstallError("this version has no `gptoss-spark demo-model`; --cpu cannot make its model",
+        raise InstallError("this version has no gptoss_spark.demo_model; --cpu cannot make its model",
                            EXIT_ASSETS)
