@@ -1,0 +1,116 @@
+"""bench, loadtest and draft counts/shrink against ONE real vLLM engine serving the tiny demo model.
+
+Random weights: streamed chat arrives as one delta, so per-token timing is
+checked on /v1/completions (one chunk per token, ignore_eos for exact
+lengths); chat is checked for being flagged, not crashing. Speed is measured
+and printed, never asserted.
+"""
+
+import json
+
+import pytest
+
+from gptoss_spark.cli import main
+pytestmark = pytest.mark.integration
+
+DEAD_ADMIN = "http://127.0.0.1:9"  # keep the snapshot independent of any admin API running nearby
+
+
+@pytest.fixture(scope="module")
+def engine(demo_vllm_server):
+    """The suite's shared engine (tests/conftest.py): no start of our own."""
+    return demo_vllm_server
+
+
+def run_json(capsys, argv):
+    rc = main(argv)
+    captured = capsys.readouterr()
+    return rc, json.loads(captured.out)
+
+
+def test_single_stream_protocol(engine, capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    rc, res = run_json(capsys, ["bench", "--url", engine.base_url, "--endpoint", "completions", "--ignore-eos",
+                                "--max-tokens", "24", "--requests", "2", "--warmup", "1", "--no-progress",
+                                "--admin-url", DEAD_ADMIN, "--json", "--out", str(out)])
+    assert rc == 0, res["invalid"]
+    assert json.loads(out.read_text())["summary"] == res["summary"]
+    assert len(res["warmup"]) == 1 and len(res["requests"]) == 2
+    for r in res["requests"]:
+        assert r["valid"], r["invalid_reason"]
+        assert r["completion_tokens"] == 24  # from the server's usage (ignore_eos: exact)
+        assert r["prompt_tokens"] > 0
+        assert r["finish_reason"] == "length"
+        # TTFT strictly before decode; decode window from first to last output
+        assert r["sent_at"] < r["first_output_at"] < r["last_output_at"] <= r["ended_at"]
+        assert r["decode_tok_s"] == pytest.approx(23 / (r["last_output_at"] - r["first_output_at"]))
+        assert r["output_chunks"] >= 2
+    s = res["summary"]
+    assert s["valid_requests"] == 2
+    assert s["decode_tok_s"]["median"] == pytest.approx(sum(r["decode_tok_s"] for r in res["requests"]) / 2)
+    assert res["target"]["model"] == "gptoss" and "0.32.0" in (res["target"]["server_version"] or "")
+    host = res["host"]
+    assert host["is_dgx_spark"] is False and host["memory"]["total_bytes"] > 0
+    assert host["active_profile"]["active"] is None and host["active_profile"]["reason"]
+    print(f"\n[tiny CPU model, not a Spark] single stream: decode {s['decode_tok_s']['median']:.1f} tok/s, "
+          f"TTFT {s['ttft_s']['median'] * 1000:.0f} ms")
+
+
+def test_chat_on_random_weights_is_flagged_not_crashed(engine, capsys):
+    rc, res = run_json(capsys, ["bench", "--url", engine.base_url, "--max-tokens", "16", "--requests", "1",
+                                "--warmup", "0", "--no-progress", "--admin-url", DEAD_ADMIN, "--json"])
+    assert rc == 1
+    r = res["requests"][0]
+    assert r["completion_tokens"] is not None and r["completion_tokens"] >= 1  # usage still arrives
+    assert "one chunk" in r["invalid_reason"] or "completion token" in r["invalid_reason"]
+    assert res["protocol"]["reasoning_effort"] == "low"
+
+
+def test_loadtest_users_are_served_concurrently(engine, capsys):
+    users, tokens = 3, 24
+    rc, res = run_json(capsys, ["loadtest", "--url", engine.base_url, "--endpoint", "completions", "--ignore-eos",
+                                "--max-tokens", str(tokens), "--users", str(users), "--warmup", "1",
+                                "--no-progress", "--admin-url", DEAD_ADMIN, "--json"])
+    assert rc == 0, res["invalid"]
+    s = res["summary"]
+    assert s["completion_tokens_total"] == users * tokens
+    assert s["aggregate_tok_s"] == pytest.approx(users * tokens / s["makespan_s"])
+    # Server-side evidence: every user's first token came before any user's last token.
+    reqs = res["requests"]
+    assert max(r["first_output_at"] for r in reqs) < min(r["last_output_at"] for r in reqs)
+    assert s["observed_concurrency"] == users
+    assert s["ttft_s"]["p50"] <= s["ttft_s"]["p90"]
+    print(f"\n[tiny CPU model, not a Spark] {users} users: aggregate {s['aggregate_tok_s']:.1f} tok/s, "
+          f"TTFT p50 {s['ttft_s']['p50'] * 1000:.0f} ms, per-user {s['per_user_decode_tok_s']['median']:.1f} tok/s")
+
+
+def make_full_vocab_head(path, vocab=201088, hidden=8):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": hidden, "draft_vocab_size": None}))
+    save_file({"lm_head.weight": torch.zeros(vocab, hidden, dtype=torch.bfloat16),
+               "fc.weight": torch.zeros(hidden, 3 * hidden, dtype=torch.bfloat16)}, str(path / "model.safetensors"))
+    return path
+
+
+def test_draft_shrink_with_counts_from_the_served_target(engine, capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": text}]}) + "\n"
+                               for i, text in enumerate(["Hello there", "Wie geht es dir?"])))
+    head = make_full_vocab_head(tmp_path / "head")
+    out = tmp_path / "cut"
+    rc, report = run_json(capsys, ["draft", "shrink", str(head), str(out), "--keep", "64", "--url", engine.base_url,
+                                   "--prompts", str(prompts), "--max-tokens", "8", "--json"])
+    assert rc == 0, report["verify"]["problems"]
+    cov = report["coverage"]
+    assert 0 < cov["counted_tokens"] <= 2 * 8  # token ids the target generated, 8 at most per prompt
+    assert cov["distinct_counted"] <= 16 < 64
+    assert cov["coverage"] == 1.0  # every token seen fits in 64 rows
+    counts = json.loads((out / "token-counts.json").read_text())
+    assert counts["total_tokens"] == cov["counted_tokens"]
+    assert all(0 <= int(t) < 201088 for t in counts["counts"])
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 64
