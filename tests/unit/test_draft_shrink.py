@@ -132,10 +132,14 @@ def test_verify_finds_broken_heads(tmp_path):
     assert any("same target token" in p for p in problems)
     assert any("t2d and d2t disagree" in p for p in problems)
 
-    t["d2t"] = torch.tensor([5, 6, 31, 100], dtype=torch.int32)  # out of range, wrong dtype
+    t["d2t"] = torch.tensor([5, 6, 31, 100], dtype=torch.int32)  # int32 loads in vLLM; 103 is out of range
     save_file(t, str(out / WEIGHTS_NAME))
     problems = verify_head(out)["problems"]
-    assert any("int64" in p for p in problems) and any("outside the target vocabulary" in p for p in problems)
+    assert not any("dtype" in p for p in problems) and any("outside the target vocabulary" in p for p in problems)
+
+    t["d2t"] = torch.tensor([5.0, 6.0, 31.0, 57.0])  # float offsets would be rounded silently
+    save_file(t, str(out / WEIGHTS_NAME))
+    assert any("must be an integer tensor" in p for p in verify_head(out)["problems"])
 
     cfg = json.loads((out / "config.json").read_text())
     cfg["draft_vocab_size"] = 5
