@@ -57,6 +57,7 @@ def _header(result: dict, title: str) -> list[str]:
     return [
         f"{title}  {t['base_url']}  model {t['model']}" + (f"  (server vLLM {t['server_version']})" if t.get("server_version") else ""),
         f"host {h.get('hostname')} ({h.get('machine')}), GPU: {gpu}, profile: {profile}  [{where}]",
+        f"vLLM patches: {(h.get('patch_manifest') or {}).get('state') or 'unknown'}",
         f"protocol: {proto}, {p['warmup']} warm-up",
         "",
     ]

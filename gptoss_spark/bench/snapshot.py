@@ -96,13 +96,31 @@ def active_profile(admin_url: str) -> dict:
 
 
 def patch_manifest(venv: Path) -> dict:
+    """The manifest `gptoss-spark patches apply` writes, and the patch state of this venv's vLLM."""
     path = venv / PATCH_MANIFEST_NAME
+    result: dict = {"path": str(path), "manifest": None, "state": None}
     if not path.exists():
-        return {"path": str(path), "manifest": None, "reason": "no patch manifest in this venv"}
+        result["reason"] = "no patch manifest in this venv"
+    else:
+        try:
+            manifest = json.loads(path.read_text())
+            # The per-file hashes are long and say nothing the state does not.
+            result["manifest"] = {k: v for k, v in manifest.items() if k != "files"} if isinstance(manifest, dict) else manifest
+        except (OSError, ValueError) as e:
+            result["reason"] = f"unreadable: {e}"
+    result.update(_patch_state(venv))
+    return result
+
+
+def _patch_state(venv: Path) -> dict:
+    # Optional: a thin client venv has no vLLM and no patch set to check against.
     try:
-        return {"path": str(path), "manifest": json.loads(path.read_text())}
-    except (OSError, ValueError) as e:
-        return {"path": str(path), "manifest": None, "reason": f"unreadable: {e}"}
+        from ..patching import inspect_venv
+
+        report = inspect_venv(venv)
+        return {"state": report.state, "state_detail": report.detail}
+    except Exception as e:  # noqa: BLE001 - a snapshot probe never fails the bench
+        return {"state": None, "state_detail": f"not checked: {str(e)[:200]}"}
 
 
 def package_versions() -> dict:

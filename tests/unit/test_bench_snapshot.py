@@ -33,6 +33,16 @@ def test_patch_manifest_absent_and_present(tmp_path):
     (tmp_path / snapshot.PATCH_MANIFEST_NAME).write_text(json.dumps({"patches": [{"name": "04", "applied": True}]}))
     present = snapshot.patch_manifest(tmp_path)
     assert present["manifest"] == {"patches": [{"name": "04", "applied": True}]}
+    # tmp_path is no vLLM venv: the state is not checked, with the reason
+    assert present["state"] is None and present["state_detail"].startswith("not checked")
+
+
+def test_patch_state_of_the_running_venv_is_recorded():
+    import sys
+
+    s = snapshot.patch_manifest(snapshot.Path(sys.prefix))
+    assert s["state"] in ("patched", "unpatched", "tampered", "stale", None)
+    assert s["state_detail"]
 
 
 def test_admin_api_not_answering_records_null_with_reason():
