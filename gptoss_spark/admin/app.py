@@ -197,6 +197,8 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
             return None, error(400, "malformed_json", f"request body is not valid JSON{where}")
+        except RecursionError:
+            return None, error(400, "malformed_json", "request body is nested too deeply")
 
     def wait_param(request: Request) -> bool | JSONResponse:
         raw = request.query_params.get("wait")

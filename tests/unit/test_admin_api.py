@@ -239,6 +239,7 @@ BAD_SWITCHES = [
     # (id, raw body or json, headers, status, error code)
     ("malformed-json", b'{"name": "demo-b"', auth(), 400, "malformed_json"),
     ("not-utf8", b'{"name": "\xff"}', auth(), 400, "malformed_json"),
+    ("nested-within-limit", b"[" * 2000 + b"]" * 2000, auth(), 400, "malformed_json"),
     ("empty-body", b"", auth(), 422, "invalid"),
     ("json-array", [], auth(), 422, "invalid"),
     ("json-string", "demo-b", auth(), 422, "invalid"),
