@@ -8,6 +8,7 @@ Every error a user can cause ends in a ConfigError naming file, key and fix.
 from __future__ import annotations
 
 import os
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -143,8 +144,10 @@ class Settings(_Section):
 
     @property
     def run_dir(self) -> Path:
-        # Per-engine TMPDIRs (zmq sockets, inductor scratch): cleaned after each stop.
-        return self.paths.state_dir / "run"
+        # Parent of the per-engine TMPDIRs (zmq sockets, inductor scratch), removed after each stop.
+        # The temp dir (private under systemd's PrivateTmp), not the state dir: vLLM's IPC socket
+        # paths must fit in 107 bytes, and a long state_dir would break them.
+        return Path(tempfile.gettempdir())
 
 
 def resolve_config_path(cli_path: str | os.PathLike[str] | None = None) -> Path:

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -140,9 +141,9 @@ class EngineProcess:
 
     async def start(self) -> None:
         run_dir = self.settings.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.tmpdir = Path(os.path.join(run_dir, f"engine-{os.getpid()}-{time.monotonic_ns()}"))
-        self.tmpdir.mkdir(mode=0o700)
+        # Short name: vLLM puts zmq IPC sockets (a 36-char uuid) in TMPDIR, and a socket path
+        # has at most 107 bytes (sun_path).
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="gptoss-spark-engine-", dir=run_dir))
         for d in self.settings.cache_env().values():
             Path(d).mkdir(parents=True, exist_ok=True)
         argv = self._argv or build_argv(self.settings, self.profile)
