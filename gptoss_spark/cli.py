@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "gptoss_spark.bench.commands", "gptoss_spark.draft.commands",
     "gptoss_spark.admin_cli",
     "gptoss_spark.install",
+    "gptoss_spark.demo_model",
     "gptoss_spark.patching",
 )
 

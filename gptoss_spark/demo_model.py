@@ -221,6 +221,9 @@ def _write_weights(out: Path, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, GptOssConfig, GptOssForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     config = GptOssConfig(**CONFIG_VALUES)
     # Random init is a function of the torch seed alone; fork_rng keeps the
     # caller's RNG state untouched.
@@ -255,6 +258,16 @@ def is_complete(out_dir: Path, seed: int) -> bool:
     return all((out_dir / name).is_file() for name in REQUIRED_FILES)
 
 
+def _refuse_foreign(out_dir: Path) -> None:
+    """Only an empty directory or an earlier demo model (any version/seed) may be replaced."""
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise DemoModelError(f"{out_dir} exists and is not a directory; choose another path")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER_NAME).is_file():
+        raise DemoModelError(
+            f"{out_dir} is not empty and holds no demo model; choose an empty or new directory"
+        )
+
+
 @contextlib.contextmanager
 def _lock(path: Path):
     with open(path, "a") as f:
@@ -270,13 +283,16 @@ def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
 
     Idempotent and atomic: a complete model of the same version and seed is
     reused at once; otherwise it is built in a temp dir beside out_dir and
-    renamed into place (a stale or partial out_dir is replaced). Concurrent
+    renamed into place (an empty out_dir or an earlier demo model of another
+    version/seed is replaced; any other non-empty directory is refused with
+    DemoModelError, never deleted). Concurrent
     callers serialize on a lock file beside out_dir. Deterministic for a seed
     with the same torch/transformers versions. Takes ~10-20 s on 2 cores.
     """
     out_dir = Path(out_dir).absolute()
     if is_complete(out_dir, seed):
         return out_dir
+    _refuse_foreign(out_dir)
     parent = out_dir.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +301,7 @@ def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
     with _lock(parent / f".{out_dir.name}.lock"):
         if is_complete(out_dir, seed):  # another process finished it while we waited
             return out_dir
+        _refuse_foreign(out_dir)
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=parent))
         try:
@@ -299,13 +316,16 @@ def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the service user must read it
             for f in tmp.iterdir():
                 os.chmod(f, 0o644)
-            if out_dir.exists() or out_dir.is_symlink():
+            if out_dir.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
                 os.rename(out_dir, old / "x")
                 os.rename(tmp, out_dir)
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.rename(tmp, out_dir)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DemoModelError(f"writing the demo model to {out_dir} failed: {e}; free space or fix permissions") from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -328,6 +348,6 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Reuses DIR if it already holds the same model."
         ),
     )
-    p.add_argument("dir", metavar="DIR", help="output directory (created; replaced if it holds something else)")
+    p.add_argument("dir", metavar="DIR", help="output directory: new, empty, or an earlier demo model (which is replaced)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.set_defaults(func=_cmd_demo_model)
