@@ -247,6 +247,9 @@ class Supervisor:
     def _take_command(self) -> Command | None:
         cmd, self._pending = self._pending, None
         self._wake.clear()
+        if cmd is not None and cmd.op is not None:
+            # From here until op.done, the operation is in progress: _ensure_idle refuses others (busy).
+            self._current_op = cmd.op
         return cmd
 
     # ---- the main task ----------------------------------------------------------------------

@@ -414,3 +414,26 @@ def test_mutations_are_logged_with_peer_and_outcome_but_never_the_token(env):
     assert audit[1]["target"] == "demo-b"
     everything = repr(lines)
     assert TOKEN not in everything and "w" * 40 not in everything
+
+
+def test_a_switch_in_progress_keeps_refusing_others_until_it_ends(env):
+    """Not only while queued: once the supervisor has taken it (draining, loading ...) too."""
+    sup, settings, _ = env
+    make_ready(sup, "demo")
+
+    async def go(c):
+        first = await c.put("/admin/profile", json={"name": "demo-b"}, headers=auth())
+        sup._take_command()  # what the run loop does when it starts carrying it out
+        during = await c.put("/admin/profile", json={"name": "demo"}, headers=auth())
+        restart = await c.post("/admin/restart", headers=auth())
+        shown = (await c.get("/admin/profile")).json()["operation"]
+        sup.operations[first.json()["id"]].finish(True)
+        after = await c.post("/admin/restart", headers=auth())
+        return first, during, restart, shown, after
+
+    first, during, restart, shown, after = call(sup, settings, go)
+    assert first.status_code == 202
+    assert (during.status_code, during.json()["error"]) == (409, "busy")
+    assert (restart.status_code, restart.json()["error"]) == (409, "busy")
+    assert shown["id"] == first.json()["id"]
+    assert after.status_code == 202
