@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from .prompts import Prompt
 from .request import RequestRecord, RequestSpec, send_streamed
-from .single import WARMUP_MAX_TOKENS, WARMUP_PROMPT, _protocol, http_client
+from .single import http_client, protocol_record, warm_up
 from .stats import describe, max_concurrency, percentile
 from .target import Target
 
@@ -37,13 +37,7 @@ async def run_load(
     finished: list[RequestRecord] = []
     async with http_client(timeout, connections=users + 2) as client:
         t0 = time.perf_counter()
-        warm = []
-        for i in range(warmup):
-            say(f"warm-up {i + 1}/{warmup}")
-            rec = RequestRecord(index=i, prompt_id=WARMUP_PROMPT.id, warmup=True)
-            await send_streamed(client, target.base_url, spec, WARMUP_PROMPT, rec, t0,
-                                max_tokens=min(WARMUP_MAX_TOKENS, spec.max_tokens))
-            warm.append(rec)
+        warm = await warm_up(client, target, spec, warmup, t0, say)
 
         async def user(u: int) -> None:
             for r in range(requests_per_user):
@@ -94,7 +88,7 @@ def loadtest_result(
             "max_model_len": target.max_model_len,
             "server_version": target.server_version,
         },
-        "protocol": _protocol(spec, prompts_source, users=users, requests_per_user=requests_per_user, warmup=warmup,
+        "protocol": protocol_record(spec, prompts_source, users=users, requests_per_user=requests_per_user, warmup=warmup,
                               aggregate="completion tokens of successful requests / makespan (first send to last end)"),
         "summary": {
             "requests": len(measured),

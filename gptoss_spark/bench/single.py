@@ -7,7 +7,6 @@ each streamed; the headline is the median decode rate of the valid ones.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import datetime, timezone
 
@@ -50,16 +49,10 @@ async def run_single_stream(
 ) -> tuple[list[RequestRecord], list[RequestRecord], float]:
     """Returns (warm-up records, measured records, wall seconds)."""
     say = progress or (lambda text: None)
-    warm: list[RequestRecord] = []
     measured: list[RequestRecord] = []
     async with http_client(timeout) as client:
         t0 = time.perf_counter()
-        for i in range(warmup):
-            say(f"warm-up {i + 1}/{warmup}")
-            rec = RequestRecord(index=i, prompt_id=WARMUP_PROMPT.id, warmup=True)
-            await send_streamed(client, target.base_url, spec, WARMUP_PROMPT, rec, t0,
-                                max_tokens=min(WARMUP_MAX_TOKENS, spec.max_tokens))
-            warm.append(rec)
+        warm = await warm_up(client, target, spec, warmup, t0, say)
         for i in range(requests):
             prompt = prompts[i % len(prompts)]
             say(f"request {i + 1}/{requests} ({prompt.id})" + _last_rate(measured))
@@ -69,6 +62,18 @@ async def run_single_stream(
         wall = time.perf_counter() - t0
     say(f"done: {sum(r.valid for r in measured)}/{requests} valid" + _last_rate(measured))
     return warm, measured, wall
+
+
+async def warm_up(client: httpx.AsyncClient, target: Target, spec: RequestSpec, n: int, t0: float, say) -> list[RequestRecord]:
+    """n short unmeasured requests, one after another; their records are kept in the result."""
+    warm = []
+    for i in range(n):
+        say(f"warm-up {i + 1}/{n}")
+        rec = RequestRecord(index=i, prompt_id=WARMUP_PROMPT.id, warmup=True)
+        await send_streamed(client, target.base_url, spec, WARMUP_PROMPT, rec, t0,
+                            max_tokens=min(WARMUP_MAX_TOKENS, spec.max_tokens))
+        warm.append(rec)
+    return warm
 
 
 def _last_rate(records: list[RequestRecord]) -> str:
@@ -102,7 +107,7 @@ def bench_result(
             "max_model_len": target.max_model_len,
             "server_version": target.server_version,
         },
-        "protocol": _protocol(spec, prompts_source, requests=requests, warmup=warmup),
+        "protocol": protocol_record(spec, prompts_source, requests=requests, warmup=warmup),
         "summary": {
             "requests": len(measured),
             "valid_requests": len(valid),
@@ -119,7 +124,8 @@ def bench_result(
     }
 
 
-def _protocol(spec: RequestSpec, prompts_source: str, **extra) -> dict:
+def protocol_record(spec: RequestSpec, prompts_source: str, **extra) -> dict:
+    """The settings that make two results comparable (`bench compare` lists differences)."""
     return {
         "endpoint": spec.endpoint,
         "max_tokens": spec.max_tokens,
@@ -130,7 +136,3 @@ def _protocol(spec: RequestSpec, prompts_source: str, **extra) -> dict:
         "decode_rate": "(completion_tokens - 1) / (last output - first output), counts from the final usage",
         **extra,
     }
-
-
-def run_bench_sync(*args, **kwargs):
-    return asyncio.run(run_single_stream(*args, **kwargs))

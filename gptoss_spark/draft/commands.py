@@ -12,7 +12,6 @@ from pathlib import Path
 from ..bench.prompts import load_prompts, shipped_prompts_path
 from ..bench.render import Progress
 from ..bench.target import DEFAULT_BASE_URL, resolve_target
-from ..errors import UserError
 from .counts import gather_counts, load_counts, save_counts
 
 SEED_KEEP = 32768  # the seed's cut (REFERENCE.md §3)

@@ -8,8 +8,6 @@ import asyncio
 import json
 import threading
 
-import pytest
-
 from gptoss_spark.cli import main
 
 TOKENS = 8
