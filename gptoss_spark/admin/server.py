@@ -104,7 +104,7 @@ async def run_admin_server(supervisor: "Supervisor", settings: Settings) -> None
         server_header=False,
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE),
         limit_concurrency=256,     # 503 beyond this instead of unbounded memory
-        h11_max_incomplete_event_size=16 * 1024,  # header block limit
+        ws="none",
         timeout_keep_alive=5,
     )
     server = _Server(config)

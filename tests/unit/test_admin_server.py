@@ -116,3 +116,4 @@ def test_a_taken_port_logs_one_error_keeps_running_and_binds_once_free(settings,
     assert "engine keeps serving" in errors[0]["event"]
     assert any(e["event"] == "admin API port is free again" for e in logs)
     assert r.status_code == 503
+
