@@ -100,6 +100,9 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
 
 def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
     sig = {}
+    missing = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs and p._param.default is p._param.empty]
+    if missing:  # a constexpr left out would silently compile as an i32 argument
+        raise ValueError(f"{kernel.fn.__name__}: constexprs {missing} not given")
     for name in kernel.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
@@ -110,10 +113,36 @@ def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, obje
     return sig
 
 
+def _int_args(shape: MoeShape, split_k_len: int) -> dict[str, int]:
+    """The integer arguments moe.py passes for this shape (strides of contiguous checkpoint tensors)."""
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    return {"E": e, "K": h, "K_PER_SPLIT": split_k_len, "stride_xm": h, "H": h, "I": i,
+            "gate_up.stride_we": 2 * i * h // 2, "gate_up.stride_wn": h // 2,
+            "gate_up.stride_se": 2 * i * h // 32, "gate_up.stride_sn": h // 32, "gate_up.stride_be": 2 * i,
+            "down.stride_we": h * i // 2, "down.stride_wn": i // 2, "down.stride_se": h * i // 32,
+            "down.stride_sn": i // 32, "down.stride_be": h, "stride_om": h, "router.stride_we": h}
+
+
+def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
+    """Divisibility-by-16 hints as the JIT derives them (pointers from 16-byte aligned allocations)."""
+    attrs = {}
+    for idx, p in enumerate(kernel.params):
+        if p.name in constexprs or p.do_not_specialize:
+            continue
+        if p.name.endswith("_ptr"):
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+        else:
+            v = ints.get(f"{prefix}.{p.name}", ints.get(p.name))
+            if v is not None and v % 16 == 0:
+                attrs[(idx,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[tuple[str, object]]:
     """triton.compile() the three kernels for one shape and bucket; returns (name, CompiledKernel)."""
     import triton
     from .moe import DEFAULT_CONFIG
+    from .moe_combine import moe_combine_kernel
     from .moe_down import moe_down_kernel
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
     from .router_logits import router_logits_kernel
@@ -127,18 +156,27 @@ def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[t
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32"},
          dict(TOPK=shape.top_k, M_PAD=m_pad, E_PAD=e_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
-              HAS_BIAS=shape.has_bias, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
+              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
          dict(num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
-                           "out_ptr": "*bf16"},
+                           "out_ptr": "*bf16", "partial_ptr": "*fp32"},
          dict(TOPK=shape.top_k, M_PAD=m_pad, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
-              HAS_BIAS=shape.has_bias),
+              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split),
          dict(num_warps=cfg.down_warps, num_stages=cfg.down_stages)),
     ]
+    if cfg.down_split > 1:
+        jobs.append((moe_combine_kernel, {"partial_ptr": "*fp32", "out_ptr": "*bf16"},
+                     dict(SPLIT=cfg.down_split, BLOCK=1024), dict(num_warps=4)))
+    k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
+    ints = _int_args(shape, k_per_split)
+    prefixes = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down",
+                "moe_combine_kernel": "combine"}
     out = []
     for kernel, ptrs, consts, opts in jobs:
-        src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, ptrs, consts), constexprs=consts)
+        attrs = _attrs(kernel, prefixes[kernel.fn.__name__], ints, consts)
+        src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, ptrs, consts), constexprs=consts,
+                                        attrs=attrs)
         out.append((kernel.fn.__name__, triton.compile(src, target=target, options=opts)))
     return out
 

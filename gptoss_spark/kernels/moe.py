@@ -3,6 +3,7 @@
   1. router_logits_kernel  x @ Wr^T as K-split partials                  (router_logits.py)
   2. moe_gate_up_kernel    top-k + softmax, gate_up, bias, SwiGLU -> h   (moe_gate_up.py)
   3. moe_down_kernel       down, bias, routing-weighted sum -> y         (moe_down.py)
+  4. moe_combine_kernel    only with down_split > 1: adds the partials   (moe_combine.py)
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .moe_combine import moe_combine_kernel
 from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
+from .runtime import interpreting
 from .router_logits import m_pad_for, router_logits_partial
 
 MAX_DECODE_TOKENS = 32
@@ -25,14 +28,17 @@ class MoeLaunchConfig:
     router_split_k: int = 9
     router_block_e: int = 16
     router_block_k: int = 64
-    gate_up_block_i: int = 16
-    gate_up_block_k: int = 256
+    gate_up_block_i: int = 64
+    gate_up_block_k: int = 128
     gate_up_warps: int = 4
     gate_up_stages: int = 3
-    down_block_n: int = 16
-    down_block_k: int = 256
+    down_block_n: int = 32
+    down_block_k: int = 512
     down_warps: int = 4
     down_stages: int = 3
+    down_split: int = 4  # >1: experts split over programs, partials added by moe_combine_kernel
+    # mxfp4_decode.py: 0 tl.dot_scaled, 1 portable bit trick, 2 inline PTX (GPU only)
+    decode: int = 2
 
 
 DEFAULT_CONFIG = MoeLaunchConfig()
@@ -73,6 +79,8 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     m_pad = m_pad_for(m)
     e_pad = triton.next_power_of_2(e)
     cfg = config
+    interp = interpreting()
+    decode = 1 if interp and cfg.decode == 2 else cfg.decode  # no PTX in the interpreter
     partial = router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
                                     block_k=cfg.router_block_k)
     h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
@@ -90,16 +98,22 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         b13.stride(0) if b13 is not None else 0,
         TOPK=top_k, M_PAD=m_pad, E_PAD=e_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
-        HAS_BIAS=b13 is not None,
+        HAS_BIAS=b13 is not None, DECODE=decode, INTERPRET=interp,
         num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
-    moe_down_kernel[(triton.cdiv(h, cfg.down_block_n),)](
+    split = cfg.down_split
+    partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev) if split > 1 else out
+    moe_down_kernel[(triton.cdiv(h, cfg.down_block_n), split)](
         h_buf, ids, weights, experts, n_experts,
-        w2, s2, b2 if b2 is not None else dummy, out,
+        w2, s2, b2 if b2 is not None else dummy, out, partial_out,
         m, h, i,
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0) if b2 is not None else 0, out.stride(0),
         TOPK=top_k, M_PAD=m_pad, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k, HAS_BIAS=b2 is not None,
-        num_warps=cfg.down_warps, num_stages=cfg.down_stages)
+        DECODE=decode, INTERPRET=interp, SPLIT=split, num_warps=cfg.down_warps, num_stages=cfg.down_stages)
+    if split > 1:
+        block = 1024
+        moe_combine_kernel[(triton.cdiv(m * h, block),)](partial_out, out, m, h, out.stride(0),
+                                                         SPLIT=split, BLOCK=block, num_warps=4)
     if return_routing:
         return out, ids, weights
     return out

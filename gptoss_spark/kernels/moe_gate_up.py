@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .mxfp4_decode import mxfp4_dot
 from .routing import expert_of_slot, tokens_of_expert, topk_softmax
 
 SWIGLU_ALPHA = 1.702
@@ -33,7 +34,7 @@ def moe_gate_up_kernel(
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
 ):
     pid_i = tl.program_id(0)
@@ -61,23 +62,22 @@ def moe_gate_up_kernel(
         s_base = s_ptr + expert.to(tl.int64) * stride_se
         offs_kb = tl.arange(0, BLOCK_K // 2)   # packed bytes
         offs_ks = tl.arange(0, BLOCK_K // 32)  # scales
-        offs_k = tl.arange(0, BLOCK_K)
+        x_rows = x_ptr + offs_m * stride_xm
         acc_gate = tl.zeros((BLOCK_I, M_PAD), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_I, M_PAD), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             kb = k0 // 2 + offs_kb
             ks = k0 // 32 + offs_ks
-            k = k0 + offs_k
             kb_ok = (kb < H // 2)[None, :]
             ks_ok = (ks < H // 32)[None, :]
             w_gate = tl.load(w_base + gate_rows[:, None] * stride_wn + kb[None, :], mask=i_ok[:, None] & kb_ok, other=0)
             w_up = tl.load(w_base + up_rows[:, None] * stride_wn + kb[None, :], mask=i_ok[:, None] & kb_ok, other=0)
             s_gate = tl.load(s_base + gate_rows[:, None] * stride_sn + ks[None, :], mask=i_ok[:, None] & ks_ok, other=0)
             s_up = tl.load(s_base + up_rows[:, None] * stride_sn + ks[None, :], mask=i_ok[:, None] & ks_ok, other=0)
-            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
-                         mask=routed[None, :] & (k < H)[:, None], other=0.0)
-            acc_gate = tl.dot_scaled(w_gate, s_gate, "e2m1", xt, None, "bf16", acc_gate)
-            acc_up = tl.dot_scaled(w_up, s_up, "e2m1", xt, None, "bf16", acc_up)
+            acc_gate = mxfp4_dot(w_gate, s_gate, x_rows + k0, routed, H - k0, acc_gate,
+                                 BLOCK_I, BLOCK_K, DECODE, INTERPRET)
+            acc_up = mxfp4_dot(w_up, s_up, x_rows + k0, routed, H - k0, acc_up,
+                               BLOCK_I, BLOCK_K, DECODE, INTERPRET)
         if HAS_BIAS:
             b_base = b_ptr + expert.to(tl.int64) * stride_be
             acc_gate += tl.load(b_base + gate_rows, mask=i_ok, other=0.0).to(tl.float32)[:, None]

@@ -16,11 +16,21 @@ MXFP4_BLOCK = 32  # weights per e8m0 scale
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
+_LUTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _lut(device: torch.device) -> torch.Tensor:
+    # Cached per device: creating it inside a CUDA-graph capture would be a host copy.
+    if device not in _LUTS:
+        _LUTS[device] = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+    return _LUTS[device]
+
+
 def dequantize(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """packed uint8 [..., N, K/2] (or [..., N, K/32, 16]) + scales uint8 [..., N, K/32] -> [..., N, K]."""
     if packed.dim() == scales.dim() + 1:  # checkpoint form [..., N, K/32, 16]
         packed = packed.flatten(-2)
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    lut = _lut(packed.device)
     lo = lut[(packed & 0x0F).long()]
     hi = lut[(packed >> 4).long()]
     values = torch.stack((lo, hi), dim=-1).flatten(-2)  # [..., N, K], even k from the low nibble
