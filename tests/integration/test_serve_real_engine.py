@@ -134,16 +134,22 @@ def service(demo_model_dir, tmp_path_factory):
     svc.start()
     watcher.start()
     try:
-        ready = svc.notify.wait_for("READY", "1", timeout=600)
-    except AssertionError:
-        raise AssertionError(f"no READY=1; serve log:\n{svc.tail()}") from None
-    # Read the counter straight away: the canary must already have completed.
-    svc.metrics_at_ready = svc.metrics()
-    watcher.stop.set()
-    svc.timeline.update(health_200_s=round(watcher.first_ok - svc.started, 2) if watcher.first_ok else None,
-                        ready_s=round(ready.at - svc.started, 2))
-    svc.ready_msg, svc.health_first_ok = ready, watcher.first_ok
-    yield svc
+        try:
+            ready = svc.notify.wait_for("READY", "1", timeout=600)
+        except AssertionError:
+            raise AssertionError(f"no READY=1; serve log:\n{svc.tail()}") from None
+        # Read the counter straight away: the canary must already have completed.
+        svc.metrics_at_ready = svc.metrics()
+        watcher.stop.set()
+        svc.timeline.update(health_200_s=round(watcher.first_ok - svc.started, 2) if watcher.first_ok else None,
+                            ready_s=round(ready.at - svc.started, 2))
+        svc.ready_msg, svc.health_first_ok = ready, watcher.first_ok
+        yield svc
+    finally:
+        _teardown(svc)
+
+
+def _teardown(svc: Service) -> None:
     if svc.proc.poll() is None:
         svc.proc.kill()
         svc.proc.wait()
