@@ -45,7 +45,7 @@ log_dir=None, python=None) -> ContextManager[VllmServer]``
 VllmServer fields: ``base_url`` ("http://127.0.0.1:P"), ``openai_base_url``
 (base_url + "/v1"), ``port``, ``pid`` (== process group id), ``pgid``, ``log_path``,
 ``tmpdir``, ``model_dir``, ``model`` (served name), ``argv``, ``env`` (what it got),
-``startup_seconds``; methods ``log_tail(n)``, ``group_pids()``, ``rss_bytes()``
+``startup_seconds``, ``stop_seconds`` and ``needed_sigkill`` (after stop); methods ``log_tail(n)``, ``group_pids()``, ``rss_bytes()``
 (current RSS of the group), ``peak_rss_bytes()`` (sum of each live process'
 VmHWM), ``alive()``, ``stop()``.
 """
@@ -129,6 +129,8 @@ class VllmServer:
     process: subprocess.Popen = field(repr=False)
     startup_seconds: float = 0.0
     stop_grace: float = 15.0
+    stop_seconds: float | None = None  # how long stop() took
+    needed_sigkill: bool | None = None  # True if the group outlived SIGTERM + stop_grace
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -167,13 +169,16 @@ class VllmServer:
         if self._stopped:
             return
         self._stopped = True
+        t0 = time.monotonic()
         try:
-            _kill_group(self.process, self.stop_grace)
+            self.needed_sigkill = _kill_group(self.process, self.stop_grace)
         finally:
+            self.stop_seconds = time.monotonic() - t0
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-def _kill_group(proc: subprocess.Popen, grace: float) -> None:
+def _kill_group(proc: subprocess.Popen, grace: float) -> bool:
+    """Stop the group; True if SIGKILL was needed. Raises if anything of it survives."""
     pgid = proc.pid
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
@@ -181,7 +186,7 @@ def _kill_group(proc: subprocess.Popen, grace: float) -> None:
     while time.monotonic() < deadline:
         proc.poll()
         if proc.returncode is not None and not pids_in_group(pgid):
-            return
+            return False
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
@@ -192,6 +197,7 @@ def _kill_group(proc: subprocess.Popen, grace: float) -> None:
         time.sleep(0.1)
     if left or proc.returncode is None:
         raise VllmServerError(f"engine process group {pgid} survived SIGKILL: pids {left or [pgid]}")
+    return True
 
 
 def _health_ok(url: str) -> bool:

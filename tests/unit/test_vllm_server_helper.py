@@ -25,8 +25,11 @@ FAKE = textwrap.dedent(
     if mode == "crash":
         print("RuntimeError: boom from the fake engine", flush=True)
         sys.exit(3)
-    # A child that ignores SIGTERM, like a wedged engine core.
-    subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    # A child that ignores SIGTERM, like a wedged engine core (mode "polite": one that doesn't).
+    if mode == "polite":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    else:
+        subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode == "never_ready":
@@ -100,7 +103,15 @@ def test_sigterm_ignoring_engine_is_killed(fake_python, model_dir, tmp_path):
     ) as srv:
         pgid = srv.pgid
     assert not pids_in_group(pgid)
+    assert srv.needed_sigkill is True and srv.stop_seconds < 15
     assert time.monotonic() - t0 < 30
+
+
+def test_polite_engine_stops_on_sigterm(fake_python, model_dir, tmp_path):
+    with run_vllm_server(model_dir, python=fake_python, log_dir=tmp_path, env={"FAKE_MODE": "polite"}) as srv:
+        pgid = srv.pgid
+    assert not pids_in_group(pgid)
+    assert srv.needed_sigkill is False and srv.stop_seconds < 5
 
 
 def test_early_exit_reports_log(fake_python, model_dir, tmp_path):
