@@ -83,6 +83,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         too_large = error(413, "body_too_large", f"request body over {self.max_bytes} bytes")
+        client = scope.get("client")
+        peer = f"{client[0]}:{client[1]}" if client else "unknown"
         for k, v in scope.get("headers", []):
             if k == b"content-length":
                 try:
@@ -91,6 +93,7 @@ class BodyLimitMiddleware:
                     await error(400, "bad_request", "invalid Content-Length")(scope, receive, send)
                     return
                 if length > self.max_bytes:
+                    log.warning("admin request refused", peer=peer, path=scope["path"], outcome="body too large")
                     await too_large(scope, receive, send)
                     return
         chunks: list[bytes] = []
@@ -102,6 +105,7 @@ class BodyLimitMiddleware:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
+                log.warning("admin request refused", peer=peer, path=scope["path"], outcome="body too large")
                 await too_large(scope, receive, send)
                 return
             chunks.append(body)
