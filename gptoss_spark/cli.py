@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "gptoss_spark.install",
     "gptoss_spark.demo_model",
     "gptoss_spark.patching",
+    "gptoss_spark.kernels.cli",
 )
 
 
