@@ -1,0 +1,57 @@
+"""`gptoss-spark check` and `serve` on bad input: one line on stderr, a distinct exit code, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gptoss_spark.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def settings(tmp: Path, model_exists: bool = True, extra: str = "") -> Path:
+    model = tmp / "model"
+    if model_exists:
+        model.mkdir()
+        (model / "config.json").write_text("{}")
+    pdir = tmp / "profiles"
+    pdir.mkdir()
+    (pdir / "plain.toml").write_text('description = "p"\n')
+    cfg = tmp / "gs.toml"
+    cfg.write_text(f'{extra}[model]\ndir = "{model}"\n[paths]\nstate_dir = "{tmp}/s"\nprofile_dirs = ["{pdir}"]\n')
+    return cfg
+
+
+def test_check_ok(tmp_path):
+    r = cli("check", "--config", str(settings(tmp_path)))
+    assert r.returncode == 0 and r.stdout.startswith("ok: ") and "profile plain can start" in r.stdout
+
+
+def test_check_missing_checkpoint_exit_3(tmp_path):
+    r = cli("check", "--config", str(settings(tmp_path, model_exists=False)))
+    assert r.returncode == 3
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("gptoss-spark: error: profile plain: no checkpoint")
+
+
+def test_serve_bad_default_profile_exits_2_before_starting_anything(tmp_path):
+    r = cli("serve", "--config", str(settings(tmp_path, extra='default_profile = "fast"\n')))
+    assert r.returncode == 2
+    err = [line for line in r.stderr.splitlines() if line.startswith("gptoss-spark: error:")]
+    assert err == [f"gptoss-spark: error: {tmp_path}/gs.toml: default_profile: unknown profile 'fast' (known: plain); "
+                   "set it to a known profile or add that profile's .toml file"]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "s").exists()   # nothing written
+
+
+def test_serve_missing_config_file(tmp_path):
+    r = cli("serve", "--config", str(tmp_path / "absent.toml"))
+    assert r.returncode == 2 and "config file not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_serve_missing_checkpoint_exits_3(tmp_path):
+    r = cli("serve", "--config", str(settings(tmp_path, model_exists=False)))
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+    assert "no checkpoint at" in r.stderr
