@@ -2,6 +2,10 @@
 
   torch.ops.gptoss_spark.moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k) -> [M, H] bf16
   torch.ops.gptoss_spark.router_logits(x, router_w, router_b) -> [M, E] fp32   (one launch, M<=32)
+  torch.ops.gptoss_spark.moe_block(...same as moe_decode...) -> [M, H] bf16      (any M: chunks of 32)
+
+moe_block is what the vLLM plugin calls: the token-count dispatch happens
+inside the op, so torch.compile never traces a branch on the batch size.
 
 Importing this module registers them (the vLLM plugin does so in every process).
 """
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .moe import fused_moe_decode
+from .moe import MAX_DECODE_TOKENS, fused_moe_decode
 from .router_logits import router_logits_partial
 
 LIB = "gptoss_spark"
@@ -36,3 +40,32 @@ def router_logits(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tenso
 @router_logits.register_fake
 def _router_logits_fake(x, router_w, router_b):
     return x.new_empty((x.shape[0], router_w.shape[0]), dtype=torch.float32)
+
+
+def moe_block_chunked(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
+    """Any number of tokens through the decode kernels, MAX_DECODE_TOKENS at a time.
+
+    Decode batches (<= 32 tokens) take one pass. Prefill chunks re-read every
+    expert their 32 tokens touch: correct, but far slower than a grouped GEMM
+    (docs/KERNELS.md, "What is missing").
+    """
+    if x.shape[0] <= MAX_DECODE_TOKENS:
+        return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[0], MAX_DECODE_TOKENS):
+        chunk = x[start:start + MAX_DECODE_TOKENS]
+        out[start:start + chunk.shape[0]] = fused_moe_decode(chunk, router_w, router_b, w13, s13, b13,
+                                                             w2, s2, b2, top_k)
+    return out
+
+
+@torch.library.custom_op(f"{LIB}::moe_block", mutates_args=(), device_types="cuda")
+def moe_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
+              w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
+              w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
+    return moe_block_chunked(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+
+
+@moe_block.register_fake
+def _moe_block_fake(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k):
+    return torch.empty_like(x)

@@ -39,9 +39,9 @@ def router_logits_kernel(
         k = k0 + offs_k
         k_ok = k < K
         w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :],
-                    mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0)
+                    mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0).to(tl.bfloat16)
         xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
-                     mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0)
+                     mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0).to(tl.bfloat16)
         if INTERPRET:
             # Triton 3.9's CPU interpreter gets bf16 x bf16 tl.dot wrong (garbage
             # values); fp32 operands hold bf16 exactly, so the math is unchanged.

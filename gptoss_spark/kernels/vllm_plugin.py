@@ -1,0 +1,98 @@
+"""vLLM general plugin: run gpt-oss's MoE blocks on our Triton kernels when GPTOSS_SPARK_MOE=triton.
+
+Why a plugin and not a patch: the switch is a runtime choice per profile
+(plain/spec may use it while the Marlin and FlashInfer paths stay selectable),
+the code it swaps in lives in this package anyway, and vLLM loads
+`vllm.general_plugins` entry points in every process (engine core and
+workers) before building the model. A plugin needs no re-patching of the
+vLLM tree on upgrade; it checks the vLLM version and refuses an unknown one
+in one line. With the variable unset it does nothing at all.
+
+What it changes (GPTOSS_SPARK_MOE=triton only):
+  - GptOssMxfp4MoEMethod keeps the checkpoint's MXFP4 layout: no backend
+    padding (maybe_roundup_sizes) and no repack (process_weights_after_loading).
+    The weights are exactly what the kernels read; no second copy in memory.
+  - gpt_oss.MLPBlock.forward calls torch.ops.gptoss_spark.moe_block (router,
+    top-k, experts, combine) instead of vLLM's router GEMM + FusedMoE runner.
+    The moe_backend setting is then irrelevant for gpt-oss MoE layers.
+Single GPU only (tensor/expert/sequence parallel raise at load).
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_VAR = "GPTOSS_SPARK_MOE"
+MODE_TRITON = "triton"
+OFF_VALUES = ("", "0", "off", "upstream", "none")
+SUPPORTED_VLLM = ("0.32.0",)
+
+
+class PluginError(RuntimeError):
+    pass
+
+
+def selected_mode(environ=os.environ) -> str | None:
+    value = environ.get(ENV_VAR, "").strip().lower()
+    if value in OFF_VALUES:
+        return None
+    if value != MODE_TRITON:
+        raise PluginError(f"{ENV_VAR}={value!r}: expected '{MODE_TRITON}' or unset")
+    return value
+
+
+def register() -> None:
+    """Entry point (vllm.general_plugins). No-op unless GPTOSS_SPARK_MOE=triton."""
+    if selected_mode() is None:
+        return
+    import vllm
+    base_version = vllm.__version__.split("+")[0]
+    if base_version not in SUPPORTED_VLLM:
+        raise PluginError(f"{ENV_VAR}=triton supports vLLM {', '.join(SUPPORTED_VLLM)}, found {vllm.__version__}; "
+                          f"unset {ENV_VAR} to use vLLM's own MoE backends")
+    install()
+
+
+def install() -> None:
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+    from vllm.model_executor.layers.quantization import mxfp4
+    from vllm.model_executor.models import gpt_oss
+
+    from . import ops  # noqa: F401 - registers torch.ops.gptoss_spark.*
+
+    method = mxfp4.GptOssMxfp4MoEMethod
+    if getattr(method, "_gptoss_spark_patched", False):
+        return
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
+        # The checkpoint sizes (2880) are what the kernels take; backend padding would change the layout.
+        return FusedMoEMethodBase.maybe_roundup_sizes(
+            self, hidden_size=hidden_size, intermediate_size_per_partition=intermediate_size_per_partition,
+            act_dtype=act_dtype, moe_parallel_config=moe_parallel_config)
+
+    def process_weights_after_loading(self, layer) -> None:
+        return None  # keep w13/w2 blocks, scales and biases exactly as loaded
+
+    method.maybe_roundup_sizes = maybe_roundup_sizes
+    method.process_weights_after_loading = process_weights_after_loading
+    method._gptoss_spark_patched = True
+    gpt_oss.MLPBlock.forward = mlp_block_forward
+
+
+def routed_experts_of(mlp):
+    experts = mlp.experts
+    return getattr(experts, "routed_experts", experts)
+
+
+def mlp_block_forward(self, x):
+    """Replacement for vllm.model_executor.models.gpt_oss.MLPBlock.forward."""
+    import torch
+    if self.is_sequence_parallel or self.world_size != 1:
+        raise PluginError(f"{ENV_VAR}=triton supports a single GPU only (no tensor/sequence parallel)")
+    ex = routed_experts_of(self)
+    out = torch.ops.gptoss_spark.moe_block(
+        x[:, : self.hidden_size], self.router.weight, self.router.bias,
+        ex.w13_weight, ex.w13_weight_scale, getattr(ex, "w13_bias", None),
+        ex.w2_weight, ex.w2_weight_scale, getattr(ex, "w2_bias", None),
+        self.experts_per_token)
+    return out

