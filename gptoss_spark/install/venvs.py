@@ -268,10 +268,13 @@ def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], Non
 
     if has_subcommand(venv, "patches", probe):
         log("  applying and verifying the vLLM patches")
-        _step(run([gs, "patches", "apply", "--venv", str(venv)]) == 0,
+        # The patch set is not part of the installed package: name this source's
+        # (staged) copy, or `patches` would look beside site-packages and fail.
+        pdir = ["--patches-dir", str(plan.staged / "patches" / "vllm")]
+        _step(run([gs, "patches", "apply", "--venv", str(venv), *pdir]) == 0,
               "the vLLM patches did not apply: the installed vLLM is not the pinned one, or a patch "
               "drifted; the previous install is untouched", EXIT_PATCHES)
-        _step(run([gs, "patches", "verify", "--venv", str(venv)]) == 0,
+        _step(run([gs, "patches", "verify", "--venv", str(venv), *pdir]) == 0,
               "the vLLM patches did not verify after applying; the previous install is untouched", EXIT_PATCHES)
     else:
         log("  patches: this version has no `gptoss-spark patches`; skipped")

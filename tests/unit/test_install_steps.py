@@ -109,8 +109,9 @@ def test_build_runs_the_steps_and_marks_complete(lay, src):
     joined = [" ".join(c) for c in run.calls]
     assert any("pip install" in c and c.endswith("[cpu]") for c in joined)
     assert any("pip uninstall" in c and "torchvision" in c for c in joined)
-    assert any(c.endswith(f"patches apply --venv {p.venv}") for c in joined)
-    assert any(c.endswith(f"patches verify --venv {p.venv}") for c in joined)
+    pdir = f"--patches-dir {p.staged / 'patches' / 'vllm'}"
+    assert any(c.endswith(f"patches apply --venv {p.venv} {pdir}") for c in joined)
+    assert any(c.endswith(f"patches verify --venv {p.venv} {pdir}") for c in joined)
     assert not any("kernels build" in c for c in joined)  # --cpu: no kernels
     assert venvs.is_complete(p.venv)
     assert not p.staged.exists()
