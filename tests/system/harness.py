@@ -7,9 +7,11 @@ script does it, all before systemd is exec'd:
   systemd manages only that subtree (and stays under the test's memory limit);
 - private tmpfs on /tmp, /var/tmp, /run (systemd-tmpfiles would empty the
   shared /tmp) and /var/log (journald, utmp);
-- overlay mounts (tmpfs upper layer) over /etc, /opt and /var/lib: useradd,
-  the installer and systemd write there and nothing reaches the host, while
-  the host's content (local wheels under /opt) stays readable;
+- overlay mounts over /etc, /opt and /var/lib: useradd, the installer and
+  systemd write there and nothing reaches the host, while the host's content
+  (local wheels under /opt) stays readable. The upper layers live in a
+  scratch directory the test owns (on disk, not in RAM: a venv is ~3 GiB and
+  the failed-upgrade step builds a second one), removed by .kill();
 - a tmpfs over /etc/systemd/system, so none of the host's own units boot,
   holding masks for every unit that touches global kernel or host state
   (sysctl, modules, udev, binfmt, clock, utmp, tmpfiles, gettys).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -58,7 +61,7 @@ AllowIsolate=yes
 """
 
 
-def _boot_script(tag: str, cgroup_table: str) -> str:
+def _boot_script(tag: str, cgroup_table: str, scratch: Path) -> str:
     masks = " ".join(MASKED)
     return f"""
 set -eu
@@ -73,10 +76,11 @@ while read -r name fstype opts; do
   else mount -t cgroup -o "$opts" cgroup "/sys/fs/cgroup/$name"; fi
 done <<'EOF'
 {cgroup_table}EOF
-mkdir -p /run/{tag}/etc/up /run/{tag}/etc/wk /run/{tag}/opt/up /run/{tag}/opt/wk /run/{tag}/varlib/up /run/{tag}/varlib/wk
-mount -t overlay overlay -o lowerdir=/etc,upperdir=/run/{tag}/etc/up,workdir=/run/{tag}/etc/wk /etc
-mount -t overlay overlay -o lowerdir=/opt,upperdir=/run/{tag}/opt/up,workdir=/run/{tag}/opt/wk /opt
-mount -t overlay overlay -o lowerdir=/var/lib,upperdir=/run/{tag}/varlib/up,workdir=/run/{tag}/varlib/wk /var/lib
+S={shlex.quote(str(scratch))}
+for d in etc opt varlib; do mkdir -p "$S/$d/up" "$S/$d/wk"; done
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$S/etc/up,workdir=$S/etc/wk" /etc
+mount -t overlay overlay -o "lowerdir=/opt,upperdir=$S/opt/up,workdir=$S/opt/wk" /opt
+mount -t overlay overlay -o "lowerdir=/var/lib,upperdir=$S/varlib/up,workdir=$S/varlib/wk" /var/lib
 mount -t tmpfs -o mode=755 tmpfs /etc/systemd/system
 for u in {masks}; do ln -s /dev/null "/etc/systemd/system/$u"; done
 cat > /etc/systemd/system/systest.target <<'EOF'
@@ -113,11 +117,16 @@ def _cgroup_hierarchies() -> list[tuple[str, str, str, Path]]:
 class NamespacedSystemd:
     """Boot with .boot(), run commands with .sh(), tear down with .kill()."""
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, scratch_parent: Path, journal_path: Path | None = None):
         self.tag = f"systest-{os.getpid()}-{int(time.time())}"
         self.log_path = log_path
+        self.journal_path = journal_path
+        # Overlay upper layers (and anything else the test stages): a directory
+        # of our own on a real filesystem (overlayfs cannot use overlay uppers).
+        self.scratch = scratch_parent / self.tag
         self.pid1: int | None = None
         self.proc: subprocess.Popen | None = None
+        self.journal: subprocess.Popen | None = None
         self.cgroups: list[Path] = []
 
     # -- cgroups: one fresh child of our own cgroup per hierarchy
@@ -138,11 +147,12 @@ class NamespacedSystemd:
             (cg / "cgroup.procs").write_text(str(os.getpid()))
 
     def boot(self, timeout: float = 60.0) -> None:
+        self.scratch.mkdir(parents=True)
         table = self._make_cgroups()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             ["unshare", "--fork", "--pid", "--mount", "--mount-proc", "--cgroup", "--propagation", "private",
-             "/bin/bash", "-c", _boot_script(self.tag, table)],
+             "/bin/bash", "-c", _boot_script(self.tag, table, self.scratch)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=self._enter_cgroups,
             start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -158,10 +168,26 @@ class NamespacedSystemd:
             r = self.sh("systemctl is-system-running", check=False, timeout=10)
             state = r.stdout.strip()
             if state in ("running", "degraded"):
+                self._follow_journal()
                 return
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"systemd did not boot (state {state!r}); see {self.log_path}")
             time.sleep(0.3)
+
+    def _follow_journal(self) -> None:
+        """Stream the namespace's journal to a file on the host as it is written:
+        it survives the SIGKILL that ends the namespace (and a PID 1 that died)."""
+        if self.journal_path is None:
+            return
+        out = open(self.journal_path, "ab")
+        self.journal = subprocess.Popen(
+            ["nsenter", "-t", str(self.pid1), "-m", "-p", "-C", "--",
+             "journalctl", "-f", "-n", "all", "-o", "short-monotonic", "--no-pager"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+        out.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def sh(self, command: str, *, check: bool = True, timeout: float = 600,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -171,21 +197,27 @@ class NamespacedSystemd:
         p = subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-p", "-C", "--", "/bin/bash", "-c", command],
                            capture_output=True, text=True, timeout=timeout, env=full_env)
         if check and p.returncode != 0:
-            raise AssertionError(f"`{command}` -> {p.returncode}\nstdout:\n{p.stdout[-4000:]}\n"
+            dead = "" if self.alive() else (
+                f"\nTHE NAMESPACE IS GONE: its systemd (PID {self.pid1} outside) exited; "
+                f"see {self.log_path} and {self.journal_path}")
+            raise AssertionError(f"`{command}` -> {p.returncode}{dead}\nstdout:\n{p.stdout[-4000:]}\n"
                                  f"stderr:\n{p.stderr[-4000:]}")
         return p
 
     def kill(self) -> None:
-        if self.pid1:
+        """SIGKILL of the namespace's PID 1 (by its PID), then our cgroups and scratch. Idempotent."""
+        if self.pid1 and self.alive():
             try:
                 os.kill(self.pid1, signal.SIGKILL)  # takes the whole PID namespace with it
             except ProcessLookupError:
                 pass
-        if self.proc:
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
+        self.pid1 = None
+        for p in (self.proc, self.journal):
+            if p:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
         for cg in self.cgroups:  # the inner systemd's cgroups, deepest first
             for _ in range(50):
                 try:
@@ -197,6 +229,9 @@ class NamespacedSystemd:
                     break
                 except OSError:
                     time.sleep(0.1)
+        self.cgroups = []
+        if self.scratch.exists():
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> "NamespacedSystemd":
         self.boot()
