@@ -149,13 +149,15 @@ def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[t
     cfg = config or DEFAULT_CONFIG
     e_pad = triton.next_power_of_2(shape.experts)
     jobs = [
-        (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32"},
+        (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32",
+                                "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
+                                "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
          dict(M_PAD=m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
-              INTERPRET=False), dict(num_warps=4, num_stages=3)),
-        (moe_gate_up_kernel, {"x_ptr": "*bf16", "partial_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8",
-                              "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32",
+              FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False), dict(num_warps=4, num_stages=3)),
+        (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
+                              "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32"},
-         dict(TOPK=shape.top_k, M_PAD=m_pad, E_PAD=e_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
+         dict(TOPK=shape.top_k, M_PAD=m_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
               HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
          dict(num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",

@@ -1,7 +1,8 @@
 """Host side of the fused decode MoE: shapes, launch configs, and the three launches per layer.
 
-  1. router_logits_kernel  x @ Wr^T as K-split partials                  (router_logits.py)
-  2. moe_gate_up_kernel    top-k + softmax, gate_up, bias, SwiGLU -> h   (moe_gate_up.py)
+  1. router_logits_kernel  x @ Wr^T as K-split partials; its last program
+                           does top-k + softmax and lists the experts    (router_logits.py, routing.py)
+  2. moe_gate_up_kernel    gate_up, bias, SwiGLU -> h                     (moe_gate_up.py)
   3. moe_down_kernel       down, bias, routing-weighted sum -> y         (moe_down.py)
   4. moe_combine_kernel    only with down_split > 1: adds the partials   (moe_combine.py)
 """
@@ -36,12 +37,27 @@ class MoeLaunchConfig:
     down_block_k: int = 512
     down_warps: int = 4
     down_stages: int = 3
-    down_split: int = 4  # >1: experts split over programs, partials added by moe_combine_kernel
+    down_split: int = 8  # >1: experts split over programs, partials added by moe_combine_kernel
     # mxfp4_decode.py: 0 tl.dot_scaled, 1 portable bit trick, 2 inline PTX (GPU only)
     decode: int = 2
 
 
 DEFAULT_CONFIG = MoeLaunchConfig()
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The router kernel's arrival counter: zero between calls (its last program resets it).
+
+    One per device, allocated at the first (eager, warm-up) call so that CUDA
+    graphs captured later use the same buffer. Layers run one after another on
+    one stream, so one counter serves them all.
+    """
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros((1,), dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def _packed(w: torch.Tensor) -> torch.Tensor:
@@ -77,27 +93,27 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     x = x.contiguous()
     dev = x.device
     m_pad = m_pad_for(m)
-    e_pad = triton.next_power_of_2(e)
     cfg = config
     interp = interpreting()
     decode = 1 if interp and cfg.decode == 2 else cfg.decode  # no PTX in the interpreter
-    partial = router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
-                                    block_k=cfg.router_block_k)
     h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
     ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
     weights = torch.empty((m, top_k), dtype=torch.float32, device=dev)
     experts = torch.empty((e,), dtype=torch.int32, device=dev)
     n_experts = torch.empty((1,), dtype=torch.int32, device=dev)
+    router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
+                          block_k=cfg.router_block_k, routing=(ids, weights, experts, n_experts, _counter(dev)),
+                          top_k=top_k)
     dummy = x  # stands in for absent biases; never read (HAS_*BIAS=False)
     grid = (triton.cdiv(i, cfg.gate_up_block_i), min(e, m * top_k))
     moe_gate_up_kernel[grid](
-        x, partial,
+        x,
         w13, s13, b13 if b13 is not None else dummy,
-        h_buf, ids, weights, experts, n_experts,
-        m, e, h, i, partial.shape[0],
+        h_buf, ids, experts, n_experts,
+        m, e, h, i,
         x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         b13.stride(0) if b13 is not None else 0,
-        TOPK=top_k, M_PAD=m_pad, E_PAD=e_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
+        TOPK=top_k, M_PAD=m_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
         HAS_BIAS=b13 is not None, DECODE=decode, INTERPRET=interp,
         num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)

@@ -1,7 +1,7 @@
-"""Fused decode MoE, stage 1 of 2: top-k routing + gate_up GEMM on MXFP4 weights + bias + SwiGLU.
+"""Fused decode MoE, stage 1 of 2: gate_up GEMM on MXFP4 weights + bias + SwiGLU.
 
 Grid (I tiles, expert slots). Program (i, s) computes, for the s-th distinct
-expert selected by any token, rows [i*BLOCK_I, (i+1)*BLOCK_I) of gate and up
+expert selected by any token (the router kernel published the list), rows [i*BLOCK_I, (i+1)*BLOCK_I) of gate and up
 for all tokens at once (tokens are the N side of the tensor-core tile), then
 writes h = swiglu(gate, up) in bf16 for the tokens routed to that expert.
 Slots past the number of distinct experts exit at once.
@@ -19,20 +19,20 @@ import triton
 import triton.language as tl
 
 from .mxfp4_decode import mxfp4_dot
-from .routing import expert_of_slot, tokens_of_expert, topk_softmax
+from .routing import tokens_of_expert
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
 
 
-@triton.jit(do_not_specialize=["M", "N_SPLIT"])
+@triton.jit(do_not_specialize=["M"])
 def moe_gate_up_kernel(
-    x_ptr, partial_ptr,
+    x_ptr,
     w_ptr, s_ptr, b_ptr,
-    h_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
-    M, E, H, I, N_SPLIT,
+    h_ptr, ids_ptr, experts_ptr, n_experts_ptr,
+    M, E, H, I,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-    TOPK: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    TOPK: tl.constexpr, M_PAD: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
@@ -41,18 +41,10 @@ def moe_gate_up_kernel(
     slot = tl.program_id(1)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
-    ids, weights, used = topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD, E_PAD, TOPK)
-    if (pid_i == 0) & (slot == 0):
-        # Publish the routing for stage 2 (and for callers that want the ids).
-        row_ok = (offs_m < M)[:, None]
-        tl.store(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], ids, mask=row_ok)
-        tl.store(weights_ptr + offs_m[:, None] * TOPK + offs_t[None, :], weights, mask=row_ok)
-        offs_e = tl.arange(0, E_PAD)
-        rank = tl.cumsum(used, axis=0) - 1
-        tl.store(experts_ptr + rank, offs_e.to(tl.int32), mask=(used > 0) & (offs_e < E))
-        tl.store(n_experts_ptr, tl.sum(used, axis=0))
-    expert = expert_of_slot(used, slot, E_PAD)
-    if expert < E:
+    n_experts = tl.load(n_experts_ptr)
+    if slot < n_experts:
+        expert = tl.load(experts_ptr + slot)
+        ids = tl.load(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], mask=(offs_m < M)[:, None], other=-1)
         routed, token_slot = tokens_of_expert(ids, expert, M, M_PAD, TOPK)
         offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         i_ok = offs_i < I

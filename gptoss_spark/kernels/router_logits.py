@@ -6,6 +6,10 @@ at full bandwidth. The SPLIT_K partial sums (fp32, a few KB) are added up,
 with the bias, in the expert kernel's top-k prologue: no atomics, no zeroing,
 deterministic, one launch.
 
+With FUSE_TOPK the last program to finish also does the top-k + softmax
+(routing.publish_routing) and writes the tables the expert kernels read, so
+the experts' many programs need no prologue and the layer no extra launch.
+
 Why M <= 32 costs the same as M = 1: tokens are the N side of a tensor-core
 dot padded to M_PAD (16 or 32) columns, and the weight is read once for all
 of them. cuBLAS picks a different, slower kernel at M = 2 (REFERENCE.md §3).
@@ -17,15 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
+from .routing import publish_routing
 from .runtime import interpreting
 
 
 @triton.jit(do_not_specialize=["M"])
 def router_logits_kernel(
     x_ptr, w_ptr, b_ptr, partial_ptr,
+    ids_ptr, weights_ptr, experts_ptr, n_experts_ptr, counter_ptr,
     M, E, K, K_PER_SPLIT,
     stride_xm, stride_we,
     M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
     INTERPRET: tl.constexpr = False,
 ):
     pid_e = tl.program_id(0)
@@ -53,6 +60,17 @@ def router_logits_kernel(
         acc += tl.where(pid_k == 0, bias, 0.0)[:, None]
     out = partial_ptr + pid_k * M * E + offs_m[None, :] * E + offs_e[:, None]
     tl.store(out, acc, mask=(offs_e[:, None] < E) & (offs_m[None, :] < M))
+    if FUSE_TOPK:
+        # The last program to finish reads every partial and publishes the routing
+        # (threadfence-reduction pattern): every thread's stores are ordered before
+        # the counter's release by the barrier; the last program acquires it.
+        tl.debug_barrier()
+        n_programs = tl.num_programs(0) * tl.num_programs(1)
+        ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+        if ticket == n_programs - 1:
+            publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
+                            M, E, tl.num_programs(1), M_PAD, E_PAD, TOPK)
+            tl.atomic_xchg(counter_ptr, 0)  # ready for the next call (and the next graph replay)
 
 
 def m_pad_for(m: int) -> int:
@@ -66,10 +84,12 @@ def m_pad_for(m: int) -> int:
 
 def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split_k: int = 9,
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
-                          num_stages: int = 3, out: torch.Tensor | None = None) -> torch.Tensor:
+                          num_stages: int = 3, out: torch.Tensor | None = None,
+                          routing: tuple | None = None, top_k: int = 4) -> torch.Tensor:
     """x [M, H] bf16, weight [E, H] bf16, bias [E] -> partial logits fp32 [splits, M, E]; their sum is the logits.
 
-    split_k=1 gives the logits themselves ([1, M, E]) in one launch.
+    split_k=1 gives the logits themselves ([1, M, E]) in one launch. routing =
+    (ids, weights, experts, n_experts, counter) also publishes the top-k (FUSE_TOPK).
     """
     m, k = x.shape
     e = weight.shape[0]
@@ -79,9 +99,13 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     if out is None:
         out = torch.empty((split_k, m, e), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(e, block_e), split_k)
+    ids, weights, experts, n_experts, counter = routing if routing is not None else (out,) * 5
     router_logits_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, m, e, k, k_per_split, x.stride(0), weight.stride(0),
-        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, INTERPRET=interpreting(), num_warps=num_warps, num_stages=num_stages)
+        x, weight, bias if bias is not None else weight, out, ids, weights, experts, n_experts, counter,
+        m, e, k, k_per_split, x.stride(0), weight.stride(0),
+        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+        FUSE_TOPK=routing is not None, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpreting(),
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 

@@ -1,11 +1,10 @@
-"""Top-k routing as a Triton helper (not a kernel): inlined into the expert kernels' prologue.
+"""Top-k routing as Triton helpers (not kernels).
 
-Every program of the expert kernels recomputes the top-k of all M tokens from
-the router's partial logits (M x E fp32, at most 32 x 128: a few hundred
-cycles). That costs less than one more launch and lets the grid pick its
-expert without a host round-trip: slot s of the grid takes the s-th distinct
-expert any token selected, so each expert's weights are read once per layer,
-however many tokens chose it.
+The router kernel's last program runs publish_routing: top-k + softmax of all
+M tokens from the partial logits (M x E fp32, at most 32 x 128), then the
+list of distinct experts any token chose. The expert kernels' grid slot s
+takes the s-th of those, so each expert's weights are read once per layer,
+however many tokens chose it, and no host round-trip decides the grid.
 """
 
 from __future__ import annotations
@@ -27,7 +26,9 @@ def topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD: tl.constexpr, E_PAD: tl.cons
     valid = (offs_m[:, None] < M) & (offs_e[None, :] < E)
     logits = tl.zeros((M_PAD, E_PAD), dtype=tl.float32)
     for s in range(N_SPLIT):
-        logits += tl.load(partial_ptr + s * M * E + offs_m[:, None] * E + offs_e[None, :], mask=valid, other=0.0)
+        # .cg: straight from L2, where other programs' partials are (never a stale L1 line).
+        logits += tl.load(partial_ptr + s * M * E + offs_m[:, None] * E + offs_e[None, :], mask=valid, other=0.0,
+                          cache_modifier=".cg")
     logits = tl.where(valid, logits, float("-inf"))
     ids = tl.zeros((M_PAD, TOPK), dtype=tl.int32)
     vals = tl.zeros((M_PAD, TOPK), dtype=tl.float32)
@@ -45,15 +46,6 @@ def topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD: tl.constexpr, E_PAD: tl.cons
 
 
 @triton.jit
-def expert_of_slot(used, slot, E_PAD: tl.constexpr):
-    """The slot-th (0-based) expert with used == 1, in index order; E_PAD when slot >= count."""
-    offs_e = tl.arange(0, E_PAD)
-    rank = tl.cumsum(used, axis=0) - 1
-    hit = (used > 0) & (rank == slot)
-    return tl.min(tl.where(hit, offs_e, E_PAD), axis=0)
-
-
-@triton.jit
 def tokens_of_expert(ids, expert, M, M_PAD: tl.constexpr, TOPK: tl.constexpr):
     """For each token: routed (bool [M_PAD]) and which of its TOPK slots holds `expert` (int32 [M_PAD])."""
     offs_m = tl.arange(0, M_PAD)
@@ -62,3 +54,19 @@ def tokens_of_expert(ids, expert, M, M_PAD: tl.constexpr, TOPK: tl.constexpr):
     routed = tl.max(match.to(tl.int32), axis=1) > 0
     slot = tl.sum(tl.where(match, offs_t[None, :], 0), axis=1)
     return routed, slot
+
+
+@triton.jit
+def publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
+                    M, E, N_SPLIT, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+    """Top-k of the summed partials -> ids/weights [M, TOPK], the distinct experts in index order, their count."""
+    ids, weights, used = topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD, E_PAD, TOPK)
+    offs_m = tl.arange(0, M_PAD)
+    offs_t = tl.arange(0, TOPK)
+    offs_e = tl.arange(0, E_PAD)
+    row_ok = (offs_m < M)[:, None]
+    tl.store(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], ids, mask=row_ok)
+    tl.store(weights_ptr + offs_m[:, None] * TOPK + offs_t[None, :], weights, mask=row_ok)
+    rank = tl.cumsum(used, axis=0) - 1
+    tl.store(experts_ptr + rank, offs_e.to(tl.int32), mask=(used > 0) & (offs_e < E))
+    tl.store(n_experts_ptr, tl.sum(used, axis=0))
