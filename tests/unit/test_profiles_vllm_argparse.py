@@ -191,8 +191,6 @@ def test_draft_quantization_is_an_upstream_option(configs):
     assert isinstance(q, OnlineQuantizationConfig) and q.args.linear.weight == kMxfp4Static
 
 
-@pytest.mark.xfail(reason="lead: spec/plain profiles do not enable the patches yet "
-                          "(see docs/PATCHES.md 'Profile settings')", strict=False)
 @pytest.mark.parametrize("name", sorted(SPARK_PROFILES))
 def test_spark_profiles_enable_the_mxfp4_lm_head_and_drafter(name, configs):
     profile = load_profile_file(REPO / "etc" / "profiles" / f"{name}.toml")
