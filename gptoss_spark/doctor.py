@@ -1,0 +1,145 @@
+"""`gptoss-spark doctor`: one screen that says whether this host can serve, and what to fix if not.
+
+Each check is a small function returning a Finding; none of them changes anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from .config import Settings, load_settings, resolve_config_path
+from .errors import ConfigError, UserError
+from .memory import ProcMemorySource
+from .profiles import Profile, load_profiles
+from .state import StateStore
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: str
+    detail: str
+
+
+def check_profile(settings: Settings) -> tuple[Finding, Profile | None]:
+    try:
+        profiles = load_profiles(settings)
+    except ConfigError as e:
+        return Finding("profiles", FAIL, str(e)), None
+    name = StateStore(settings.state_file).load().active_profile or settings.default_profile
+    if name not in profiles:
+        return Finding("profiles", FAIL, f"active profile {name!r} not found (known: {', '.join(sorted(profiles))})"), None
+    try:
+        profiles[name].check_requirements(settings)
+    except UserError as e:
+        return Finding("profiles", FAIL, str(e)), profiles[name]
+    return Finding("profiles", OK, f"{len(profiles)} loaded; active {name} has what it needs"), profiles[name]
+
+
+def check_tiktoken(settings: Settings) -> Finding:
+    from .tiktoken_file import FILE_NAME, verify_tiktoken_file
+
+    if settings.model.tiktoken_dir is None:
+        return Finding("tiktoken", WARN, "model.tiktoken_dir unset: the engine will try to download o200k_base.tiktoken")
+    try:
+        verify_tiktoken_file(settings.model.tiktoken_dir / FILE_NAME)
+    except UserError as e:
+        return Finding("tiktoken", FAIL, str(e))
+    return Finding("tiktoken", OK, f"{settings.model.tiktoken_dir / FILE_NAME} verified")
+
+
+def check_patches(venv: Path) -> Finding:
+    from .patching import inspect_venv
+
+    try:
+        report = inspect_venv(venv)
+    except UserError as e:
+        return Finding("patches", WARN, str(e))
+    level = {"patched": OK, "unpatched": WARN}.get(report.state, FAIL)
+    return Finding("patches", level, f"{report.state}: {report.detail}")
+
+
+def check_memory(settings: Settings) -> Finding:
+    r = ProcMemorySource().read()
+    detail = f"MemAvailable {r.available_gib:.1f} GiB of {r.total_bytes / 2**30:.1f} GiB"
+    if r.psi_some_avg10 is not None:
+        detail += f", PSI some avg10 {r.psi_some_avg10:.1f}%"
+    if r.available_gib < settings.memory.danger_available_gib:
+        return Finding("memory", FAIL, detail + " (below the danger line)")
+    return Finding("memory", OK, detail)
+
+
+def check_gpu() -> Finding:
+    if shutil.which("nvidia-smi") is None:
+        return Finding("gpu", WARN, "no nvidia-smi: no NVIDIA driver (fine for an install.sh --cpu demonstration)")
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return Finding("gpu", FAIL, f"nvidia-smi failed: {e}")
+    if not out:
+        return Finding("gpu", FAIL, "nvidia-smi lists no GPU")
+    name, _, cap = out.splitlines()[0].partition(",")
+    level = OK if cap.strip() == "12.1" else WARN
+    return Finding("gpu", level, f"{name.strip()}, compute capability {cap.strip()}"
+                   + ("" if level == OK else " (the profiles are tuned for a DGX Spark, 12.1)"))
+
+
+def check_service(settings: Settings) -> Finding:
+    host = "127.0.0.1" if settings.admin.host in ("0.0.0.0", "::") else settings.admin.host
+    try:
+        r = httpx.get(f"http://{host}:{settings.admin.port}/admin/health", timeout=3)
+    except httpx.HTTPError:
+        return Finding("service", WARN, f"admin API not answering on {host}:{settings.admin.port} "
+                       "(start it: systemctl start gptoss-spark)")
+    if r.status_code == 200:
+        return Finding("service", OK, "ready")
+    try:
+        state = r.json().get("state")
+    except ValueError:
+        state = r.text[:80]
+    return Finding("service", WARN, f"not ready: {state} (see gptoss-spark status, journalctl -u gptoss-spark)")
+
+
+def run_checks(settings: Settings, venv: Path) -> list[Finding]:
+    findings = [Finding("settings", OK, str(settings.source or "defaults"))]
+    profile_finding, _ = check_profile(settings)
+    checks: list[Callable[[], Finding]] = [
+        lambda: profile_finding, lambda: check_tiktoken(settings), lambda: check_patches(venv),
+        lambda: check_memory(settings), check_gpu, lambda: check_service(settings)]
+    findings += [c() for c in checks]
+    return findings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, service")
+    p.add_argument("--config")
+    p.add_argument("--venv", default=sys.prefix, help="venv whose vLLM patches to check (default: this one)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(resolve_config_path(args.config))
+    except ConfigError as e:
+        findings = [Finding("settings", FAIL, str(e))]
+    else:
+        findings = run_checks(settings, Path(args.venv))
+    if args.json:
+        print(json.dumps([asdict(f) for f in findings], indent=2))
+    else:
+        for f in findings:
+            print(f"{f.level:<5} {f.check:<9} {f.detail}")
+    return 1 if any(f.level == FAIL for f in findings) else 0

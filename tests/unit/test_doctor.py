@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gptoss_spark.config import Settings
+from gptoss_spark.doctor import FAIL, OK, cmd_doctor, run_checks
+from gptoss_spark.tiktoken_file import FILE_NAME, install_tiktoken_file
+
+
+def settings(tmp: Path, **model) -> Settings:
+    (tmp / "m").mkdir(exist_ok=True)
+    (tmp / "m" / "config.json").write_text("{}")
+    (tmp / "p").mkdir(exist_ok=True)
+    (tmp / "p" / "plain.toml").write_text('description = "d"\n')
+    return Settings.model_validate({"model": {"dir": str(tmp / "m"), **model},
+                                    "admin": {"port": 1},  # nothing listens on port 1
+                                    "paths": {"state_dir": str(tmp / "s"), "profile_dirs": [str(tmp / "p")]}})
+
+
+def by_check(findings):
+    return {f.check: f for f in findings}
+
+
+def test_healthy_host_parts_are_ok_and_service_down_is_a_warning(tmp_path):
+    install_tiktoken_file(tmp_path / "tk")
+    f = by_check(run_checks(settings(tmp_path, tiktoken_dir=str(tmp_path / "tk")), Path(sys.prefix)))
+    assert f["profiles"].level == OK and "active plain has what it needs" in f["profiles"].detail
+    assert f["tiktoken"].level == OK
+    assert f["service"].level == "warn" and "not answering" in f["service"].detail
+    assert f["patches"].level in ("ok", "warn")          # this venv's vLLM is a real, known state
+
+
+def test_corrupt_tokenizer_file_and_missing_checkpoint_fail(tmp_path):
+    install_tiktoken_file(tmp_path / "tk")
+    (tmp_path / "tk" / FILE_NAME).write_text("tampered\n")
+    s = settings(tmp_path, tiktoken_dir=str(tmp_path / "tk"))
+    (tmp_path / "m" / "config.json").unlink()
+    f = by_check(run_checks(s, Path(sys.prefix)))
+    assert f["tiktoken"].level == FAIL and "does not match o200k_base" in f["tiktoken"].detail
+    assert f["profiles"].level == FAIL and "no checkpoint at" in f["profiles"].detail
+
+
+def test_exit_code_and_output(tmp_path, capsys):
+    cfg = tmp_path / "gs.toml"
+    cfg.write_text("[engine]\nprot = 1\n")
+    class A:
+        config, venv, json = str(cfg), sys.prefix, False
+    assert cmd_doctor(A) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("fail  settings  ") and "engine.prot: unknown key" in out
