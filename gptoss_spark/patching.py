@@ -28,11 +28,11 @@ import json
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError
+from .fsutil import write_atomic
 
 MANIFEST_NAME = "gptoss-spark-patches.json"
 SERIES_NAME = "series.json"
@@ -413,21 +413,7 @@ def inspect_venv(venv: Path | str, patches_dir: Path | None = None) -> Report:
 # ---- writing, all or nothing ----
 
 def _write_atomic(path: Path, data: bytes, mode: int | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode if mode is not None else 0o644)
-        os.replace(tmp, path)  # replaces a symlink itself, never the file it points to
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, data, mode if mode is not None else 0o644, sync_dir=False)
 
 
 def _remove(path: Path) -> None:

@@ -8,12 +8,12 @@ file, never half of one.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import structlog
+
+from .fsutil import write_atomic
 
 log = structlog.get_logger("gptoss_spark.state")
 
@@ -41,23 +41,4 @@ class StateStore:
             return PersistedState()
 
     def save(self, state: PersistedState) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(asdict(state), f, indent=2, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(self.path, (json.dumps(asdict(state), indent=2, sort_keys=True) + "\n").encode())
