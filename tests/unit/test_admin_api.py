@@ -19,7 +19,7 @@ from gptoss_spark.admin import create_app
 from gptoss_spark.admin.auth import authorize, read_token, TokenUnavailable
 from gptoss_spark.config import Settings
 from gptoss_spark.memory import GIB, MemoryReading
-from gptoss_spark.state import PersistedState, StateStore
+from gptoss_spark.state import PersistedState
 from gptoss_spark.states import State
 from gptoss_spark.supervisor import Supervisor
 
