@@ -260,3 +260,47 @@ def test_missing_checkpoint_at_start_exits_3_without_spawning(tmp_path):
         assert h.sup.engine is None and "no checkpoint at" in h.sup.last_error
         h.notify.close()
     run(scenario())
+
+
+def test_hung_load_is_bounded_by_timeouts_load_and_extends_only_while_loading(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"slow": "load=600"}, timeouts={"load": 2},
+                                            restart={"max_crashes": 1}))
+        h.start()
+        rc = await asyncio.wait_for(h.task, 30)
+        assert rc == EXIT_GAVE_UP
+        assert "engine not ready within timeouts.load=2 s" in h.sup.last_error
+        extends = h.notify.with_field("EXTEND_TIMEOUT_USEC")
+        assert extends and all(m.fields["EXTEND_TIMEOUT_USEC"] == "60000000" for m in extends)
+        stopped_at = next(m.at for m in h.notify.messages
+                          if m.fields.get("STATUS", "").startswith("stopping:"))
+        assert all(m.at <= stopped_at for m in extends)   # no extension once loading ended
+        h.notify.close()
+    run(scenario())
+
+
+def test_health_ok_but_canary_failing_never_reports_ready(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"mute": "wedge"}, timeouts={"load": 4},
+                                            restart={"max_crashes": 1}))
+        h.start()
+        assert await asyncio.wait_for(h.task, 30) == EXIT_GAVE_UP
+        assert "last canary error: canary completion timed out" in h.sup.last_error
+        assert not h.notify.with_field("READY")
+        h.notify.close()
+    run(scenario())
+
+
+def test_watchdog_pings_come_from_the_supervisor_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")          # WatchdogSec=0.4 s -> ping every 0.2 s
+    monkeypatch.setenv("WATCHDOG_PID", str(__import__("os").getpid()))
+
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        n0 = len(h.notify.with_field("WATCHDOG", "1"))
+        await asyncio.sleep(1.0)
+        assert len(h.notify.with_field("WATCHDOG", "1")) - n0 >= 3
+        assert await h.stop() == EXIT_OK
+    run(scenario())
