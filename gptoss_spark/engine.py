@@ -170,9 +170,21 @@ class EngineProcess:
                 self.tail.append(line)
                 engine_log.info(line, pid=pid, profile=self.profile.name)
 
+    async def _exited(self) -> int:
+        """Return once the main process has exited.
+
+        Not proc.wait(): in CPython 3.11 that also waits for the stdout pipe to close, and an
+        orphaned vLLM EngineCore child keeps it open, so a kill -9 of the API server would go
+        unnoticed until the health probes fail. returncode is set by the child watcher on exit.
+        """
+        assert self.proc
+        while self.proc.returncode is None:
+            await asyncio.sleep(0.1)
+        return self.proc.returncode
+
     async def wait(self) -> int:
         assert self.proc
-        rc = await self.proc.wait()
+        rc = await self._exited()
         if self._pump:
             try:
                 await asyncio.wait_for(self._pump, 2)
@@ -193,13 +205,12 @@ class EngineProcess:
         if self.proc.returncode is None:
             self._signal_group(sid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.proc.wait(), grace)
+                await asyncio.wait_for(self._exited(), grace)
             except asyncio.TimeoutError:
                 log.warning("engine ignored SIGTERM, killing its process group", pid=sid, grace=grace)
         # The main process may be gone while children it forked live on: always sweep the session.
         await self._kill_session(sid)
-        if self.proc.returncode is None:
-            await self.proc.wait()
+        await self._exited()
         if self._pump:
             self._pump.cancel()
         self._cleanup_tmpdir()

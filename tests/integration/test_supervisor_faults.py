@@ -304,3 +304,21 @@ def test_watchdog_pings_come_from_the_supervisor_loop(tmp_path, monkeypatch):
         assert len(h.notify.with_field("WATCHDOG", "1")) - n0 >= 3
         assert await h.stop() == EXIT_OK
     run(scenario())
+
+
+def test_engine_exit_is_noticed_even_when_an_orphaned_child_holds_its_output_pipe(tmp_path):
+    # kill -9 of vLLM's API server leaves its EngineCore child holding the stdout pipe; the exit
+    # must be seen at once, not only after /health has failed three times.
+    async def scenario():
+        s = make_settings(tmp_path, {"orphan": "child,crash_after=0.3,crash_once"},
+                          timeouts={"probe_interval": 5})
+        h = Harness(tmp_path, s)
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        first = h.sup.engine.pid
+        await h.until(lambda: h.sup.state == State.READY and h.sup.engine.pid != first, what="recovered")
+        stop = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING][0]
+        assert stop.startswith("engine exited with code 1"), stop
+        assert not _session_members(first)            # the orphan was swept with its session
+        assert await h.stop() == EXIT_OK
+    run(scenario())
