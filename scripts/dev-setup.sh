@@ -9,6 +9,17 @@ PYTHON=${PYTHON:-python3}
 stamp=.venv/.gptoss-spark-dev-setup
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 
+# The system tier (real systemd in a private namespace, install.sh --cpu inside it)
+# needs these Debian packages; the machine image usually has them.
+need=()
+for cmd in /lib/systemd/systemd:systemd unshare:util-linux nsenter:util-linux useradd:passwd curl:curl; do
+  command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
+done
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
