@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .layout import (EXIT_ASSETS, EXIT_KERNELS, EXIT_NO_PREVIOUS, EXIT_PATCHES, EXIT_VENV, InstallError,
-                     Layout)
+                     SERVICE, Layout)
 
 COMPLETE_MARKER = ".complete"
 KERNEL_ARCH = "12.1a"
@@ -282,7 +282,11 @@ def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], Non
     if plan.mode == "spark":
         if has_subcommand(venv, "kernels", probe):
             log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
-            _step(run([gs, "kernels", "build", "--arch", KERNEL_ARCH]) == 0,
+            # As the service user, with the settings the service will read: the cache lands where
+            # the engine looks (TRITON_CACHE_DIR under state_dir) and the engine can add to it.
+            cfg = ["--config", str(plan.layout.config_file)] if plan.layout.config_file.is_file() else []
+            as_service = ["setpriv", f"--reuid={SERVICE}", f"--regid={SERVICE}", "--init-groups"]
+            _step(run([*as_service, gs, "kernels", "build", "--arch", KERNEL_ARCH, *cfg]) == 0,
                   "the ahead-of-time kernel build failed (see above); the previous install is untouched",
                   EXIT_KERNELS)
         else:
