@@ -293,58 +293,46 @@ class Supervisor:
         rollback_to: str | None = None
         while True:
             ended = await self._run_generation(profile, op)
-            cmd = ended.command
             if ended.reached_ready:
                 rollback_to = None
-            if cmd is not None:
-                if cmd.kind == CommandKind.STOP:
-                    self.sm.to(State.STOPPED, "stopped on request", profile)
-                    if op and not op.done.is_set():
-                        op.finish(False, "cancelled: the service is stopping")
-                    return EXIT_OK
-                if op and not op.done.is_set():
-                    op.finish(False, f"superseded by {cmd.kind.value}")
-                op = cmd.op
-                self.policy.reset()
-                if cmd.kind == CommandKind.SWITCH and op is not None:
-                    op.status = OpStatus.RUNNING
-                    rollback_to = self.store.load().last_good_profile or profile
-                    profile = op.target or profile
-                elif op is not None:
-                    op.status = OpStatus.RUNNING
-                continue
-
-            # The engine ended without being asked to.
-            self.last_error = ended.reason
-            if ended.requirement and not self.ever_ready:
-                self.sm.to(State.FAILED, ended.reason, profile)
-                return EXIT_REQUIREMENT
-            if op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set() and rollback_to:
-                # A switch whose new profile never got ready: back to the last good one, at once.
-                self.switches["failed"] += 1
-                op.rolled_back_to = rollback_to
-                op.finish(False, f"profile {profile} failed: {ended.reason}; rolled back to {rollback_to}")
-                log.warning("switch failed, rolling back", target=profile, to=rollback_to, reason=ended.reason)
-                profile, rollback_to, op = rollback_to, None, None
-                continue  # next generation: stopping -> starting with the last-good profile
-            if op is not None and not op.done.is_set():
-                op.finish(False, ended.reason)
-                op = None
-            delay = None if ended.requirement else self.policy.record_failure()
-            if delay is None:
-                if not self.ever_ready or self.settings.restart.on_give_up == "exit":
-                    # Never served (or told to exit): `systemctl start` must fail loudly, not hang
-                    # or pretend; RestartPreventExitStatus keeps systemd from looping on it.
-                    self.sm.to(State.FAILED, f"gave up: {ended.reason}", profile)
-                    return EXIT_REQUIREMENT if ended.requirement else EXIT_GAVE_UP
-                self.sm.to(State.FAILED, f"gave up after {self.policy.recent_failures()} failures: {ended.reason}",
-                           profile)
-                cmd = await self._wait_for_command(None)
-            else:
-                self.sm.to(State.BACKOFF, f"retry in {delay:g} s: {ended.reason}", profile)
-                cmd = await self._wait_for_command(delay)
+            cmd = ended.command
             if cmd is None:
-                continue
+                # The engine ended without being asked to.
+                self.last_error = ended.reason
+                if ended.requirement and not self.ever_ready:
+                    self.sm.to(State.FAILED, ended.reason, profile)
+                    return EXIT_REQUIREMENT
+                if op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set() and rollback_to:
+                    # A switch whose new profile never got ready: back to the last good one, at once.
+                    self.switches["failed"] += 1
+                    op.rolled_back_to = rollback_to
+                    op.finish(False, f"profile {profile} failed: {ended.reason}; rolled back to {rollback_to}")
+                    log.warning("switch failed, rolling back", target=profile, to=rollback_to, reason=ended.reason)
+                    profile, rollback_to, op = rollback_to, None, None
+                    continue  # next generation: stopping -> starting with the last-good profile
+                if op is not None and not op.done.is_set():
+                    op.finish(False, ended.reason)
+                op = None
+                delay = None if ended.requirement else self.policy.record_failure()
+                if delay is None:
+                    if not self.ever_ready or self.settings.restart.on_give_up == "exit":
+                        # Never served (or told to exit): `systemctl start` must fail loudly, not hang
+                        # or pretend; RestartPreventExitStatus keeps systemd from looping on it.
+                        self.sm.to(State.FAILED, f"gave up: {ended.reason}", profile)
+                        return EXIT_REQUIREMENT if ended.requirement else EXIT_GAVE_UP
+                    self.sm.to(State.FAILED, f"gave up after {self.policy.recent_failures()} failures: "
+                               f"{ended.reason}", profile)
+                    cmd = await self._wait_for_command(None)
+                else:
+                    self.sm.to(State.BACKOFF, f"retry in {delay:g} s: {ended.reason}", profile)
+                    cmd = await self._wait_for_command(delay)
+                if cmd is None:
+                    continue
+
+            # A command, whether it ended the engine or arrived while in backoff / failed.
+            if op is not None and not op.done.is_set():
+                op.finish(False, "cancelled: the service is stopping" if cmd.kind == CommandKind.STOP
+                          else f"superseded by {cmd.kind.value}")
             if cmd.kind == CommandKind.STOP:
                 self.sm.to(State.STOPPED, "stopped on request", profile)
                 return EXIT_OK
