@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
 from .prompts import Prompt
 from .request import RequestRecord, RequestSpec, send_streamed
-from .single import http_client, protocol_record, warm_up
+from .single import http_client, protocol_record, result_header, warm_up
 from .stats import describe, max_concurrency, percentile
 from .target import Target
 
 RESULT_KIND_LOADTEST = "gptoss-spark.loadtest"
-RESULT_SCHEMA = 1
 
 
 async def run_load(
@@ -78,16 +77,7 @@ def loadtest_result(
     ttfts = [r.ttft_s for r in measured if r.error is None and r.ttft_s is not None]
     decoding = [(r.first_output_at, r.last_output_at) for r in valid]
     return {
-        "kind": RESULT_KIND_LOADTEST,
-        "schema": RESULT_SCHEMA,
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "target": {
-            "base_url": target.base_url,
-            "model": target.model,
-            "max_model_len": target.max_model_len,
-            "server_version": target.server_version,
-        },
+        **result_header(RESULT_KIND_LOADTEST, target, started_at),
         "protocol": protocol_record(spec, prompts_source, users=users, requests_per_user=requests_per_user, warmup=warmup,
                               aggregate="completion tokens of successful requests / makespan (first send to last end)"),
         "summary": {

@@ -97,16 +97,7 @@ def bench_result(
 ) -> dict:
     valid = [r for r in measured if r.valid]
     return {
-        "kind": RESULT_KIND_BENCH,
-        "schema": RESULT_SCHEMA,
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "target": {
-            "base_url": target.base_url,
-            "model": target.model,
-            "max_model_len": target.max_model_len,
-            "server_version": target.server_version,
-        },
+        **result_header(RESULT_KIND_BENCH, target, started_at),
         "protocol": protocol_record(spec, prompts_source, requests=requests, warmup=warmup),
         "summary": {
             "requests": len(measured),
@@ -121,6 +112,22 @@ def bench_result(
         "requests": [r.to_json() for r in measured],
         "warmup": [r.to_json() for r in warm],
         "host": host,
+    }
+
+
+def result_header(kind: str, target: Target, started_at: datetime) -> dict:
+    """The fields every bench / loadtest result starts with: what, which schema, when, against what."""
+    return {
+        "kind": kind,
+        "schema": RESULT_SCHEMA,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "target": {
+            "base_url": target.base_url,
+            "model": target.model,
+            "max_model_len": target.max_model_len,
+            "server_version": target.server_version,
+        },
     }
 
 
