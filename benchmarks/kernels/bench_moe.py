@@ -35,6 +35,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss_spark.kernels import mxfp4  # noqa: E402
 from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, fused_moe_decode  # noqa: E402
+from gptoss_spark.kernels.mxfp4_layout import SwizzledExperts, mma_layout_for  # noqa: E402
 from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E402
 
 DEV = "cuda"
@@ -99,9 +100,17 @@ class Layer:
         self.b2 = (torch.randn(e, h, device=DEV, generator=g) * 0.1).bfloat16()
         self.rw = (torch.randn(e, h, device=DEV, generator=g) * 0.05).bfloat16()
         self.rb = (torch.randn(e, device=DEV, generator=g) * 0.1).bfloat16()
+        # The kernels read the experts repacked once (mxfp4_layout.py); baselines and the reference read these.
+        self.sw = SwizzledExperts.from_checkpoint(self.w13, self.s13, self.b13, self.w2, self.s2, self.b2)
 
     def args(self):
+        """Checkpoint layout (reference, baselines)."""
         return (self.rw, self.rb, self.w13, self.s13, self.b13, self.w2, self.s2, self.b2)
+
+    def experts(self):
+        """The kernels' layout, after the router weights."""
+        sw = self.sw
+        return (sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2)
 
 
 def forced_router(m, d, e=E, h=H, seed=0):
@@ -132,7 +141,7 @@ def time_moe(layers, xs, cfg, routers=None):
     def call(li):
         lay = layers[li]
         rw, rb = (routers[li][0], routers[li][1]) if routers else (lay.rw, lay.rb)
-        return lambda: fused_moe_decode(xs[li], rw, rb, lay.w13, lay.s13, lay.b13, lay.w2, lay.s2, lay.b2, TOPK, cfg)
+        return lambda: fused_moe_decode(xs[li], rw, rb, *lay.experts(), TOPK, cfg)
     calls = [call(li) for li in range(len(layers))]
     return graph_ms(calls) * 1e3 / len(layers)
 
@@ -141,7 +150,7 @@ def check_config(layer, cfg, m=4):
     """Relative error of the fused path against the torch reference on one layer (fresh inputs)."""
     from gptoss_spark.kernels import reference
     x = torch.randn(m, H, device=DEV).bfloat16()
-    out = fused_moe_decode(x, *layer.args(), TOPK, cfg)
+    out = fused_moe_decode(x, layer.rw, layer.rb, *layer.experts(), TOPK, cfg)
     ref = reference.moe_block_ref(x, *layer.args(), TOPK)
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -161,21 +170,20 @@ def sweep(layers, log):
             log(f"  config failed: {cfg}: {str(e).splitlines()[0][:300]}")
             return math.inf
         results.append({"config": cfg.__dict__, "t1_us": t1, "t8_us": t8, "rel_err": err})
-        log(f"  decode={cfg.decode} gu=({cfg.gate_up_block_i},{cfg.gate_up_block_k},{cfg.gate_up_warps}w) "
-            f"down=({cfg.down_block_n},{cfg.down_block_k},{cfg.down_warps}w,split {cfg.down_split}) "
-            f"stages=({cfg.gate_up_stages},{cfg.down_stages}) -> M=1 {t1:.1f} us, M=8 {t8:.1f} us, "
-            f"rel_err {err:.1e}")
+        log(f"  gate_up C={cfg.gate_up_c} stages {cfg.gate_up_stages} | down C={cfg.down_c} stages "
+            f"{cfg.down_stages} split {cfg.down_split} -> M=1 {t1:.1f} us, M=8 {t8:.1f} us, rel_err {err:.1e}")
         return t1 + t8 if err < 5e-3 else math.inf
 
-    # Earlier sweeps (results/run1-5) settled decode=2 (inline PTX), gate_up K tile 128, down 32x512;
-    # with the top-k moved into the router kernel, re-tune the gate_up rows and the down split.
+    # 64-k blocks per loop iteration (C), pipeline depth and the down stage's expert split.
     best, best_s = DEFAULT_CONFIG, math.inf
-    for bi in (16, 32, 64):
-        for split in (4, 8):
-            cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, "gate_up_block_i": bi, "down_split": split})
-            s = score(cfg)
-            if s < best_s:
-                best, best_s = cfg, s
+    # results/run6-8: 64-k blocks per iteration C = 4 beat 1 and 2, 3 pipeline stages beat 2 and 4,
+    # split 8 beat 4 and 16, and splitting the down stage's K too (run8) did not pay. Re-check the neighbours.
+    for gu_c, down_c, split, stages in ((4, 4, 8, 3), (2, 2, 8, 3), (4, 4, 16, 3), (4, 4, 8, 4)):
+        cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, "gate_up_c": gu_c, "down_c": down_c, "down_split": split,
+                                 "gate_up_stages": stages, "down_stages": stages})
+        s = score(cfg)
+        if s < best_s:
+            best, best_s = cfg, s
     return best, results
 
 
@@ -264,6 +272,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true", help="tune tile sizes first, then benchmark the best")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="natural routing and the M=8 fit only (no baselines, router)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -275,7 +284,9 @@ def main():
 
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    log(f"# {res['device']}  torch {res['torch']}  triton {res['triton']}  {res['time']}")
+    res["mma_layout"] = mma_layout_for(DEV)
+    log(f"# {res['device']}  torch {res['torch']}  triton {res['triton']}  {res['time']}  "
+        f"layout {res['mma_layout']} ({'wgmma' if res['mma_layout'] == 3 else 'mma.sync, as on GB10'})")
     rf = roofline()
     res["roofline"] = rf
     R = rf["roofline_TBps"]
@@ -311,7 +322,7 @@ def main():
     log("## forced distinct experts D: per-layer time (us) and fit t = fixed + per_expert * D")
     forced = {}
     fits = {}
-    for m, ds in ((1, (4,)), (8, (4, 8, 16, 32)), (32, (4, 16, 32, 64, 128))):
+    for m, ds in ((1, (4,)), (8, (4, 8, 16, 32))) + (() if args.quick else ((32, (4, 16, 32, 64, 128)),)):
         ts = []
         for d in ds:
             routers, xs = [], []
@@ -334,6 +345,11 @@ def main():
     per = fits[8]["per_expert_us"]
     res["fixed_at_one_token_us"] = forced["M1_D4"] - 4 * per
     log(f"fixed cost at one token: t(M=1,D=4) - 4 x per_expert(M=8 fit) = {res['fixed_at_one_token_us']:.1f} us")
+
+    if args.quick:
+        (out / "bench_moe.json").write_text(json.dumps(res, indent=1))
+        (out / "bench_moe.md").write_text("\n".join(lines) + "\n")
+        return
 
     # baselines on the same experts
     log("## baselines on the same experts (per layer, us)")

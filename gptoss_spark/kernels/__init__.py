@@ -2,9 +2,11 @@
 
 Modules (one kernel per file; docs/KERNELS.md has the design and the numbers):
   router_logits.py  router GEMM (K-split partials; M<=32 costs what M=1 costs)
-  moe_gate_up.py    top-k routing + gate_up on MXFP4 + bias + SwiGLU
+  moe_gate_up.py    gate_up on MXFP4 + bias + SwiGLU, per distinct expert
   moe_down.py       down on MXFP4 + bias + routing-weighted combine
-  routing.py        top-k helpers inlined into the two expert kernels
+  routing.py        top-k helpers (router kernel's last program, expert kernels)
+  mxfp4_layout.py   the one-time repack of the experts into the kernels' layout
+  mxfp4_decode.py   MXFP4 tile -> bf16 tensor-core operand (inline PTX / portable)
   moe.py            the three launches of one layer
   ops.py            torch.library custom ops (import registers them)
   reference.py      torch reference of the gpt-oss MoE block; mxfp4.py MXFP4 helpers

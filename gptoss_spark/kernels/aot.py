@@ -62,10 +62,12 @@ def _dummy_inputs(shape: MoeShape, m: int, device):
     x = torch.randn(m, h, generator=g).to(device, torch.bfloat16)
     rw = torch.randn(e, h, generator=g).to(device, torch.bfloat16)
     rb = torch.randn(e, generator=g).to(device, torch.bfloat16) if shape.has_bias else None
+    from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES
     u8 = lambda *s: torch.randint(0, 256, s, dtype=torch.uint8, generator=g).to(device)
     sc = lambda *s: torch.randint(118, 125, s, dtype=torch.uint8, generator=g).to(device)
-    w13, s13 = u8(e, 2 * i, h // 2), sc(e, 2 * i, h // 32)
-    w2, s2 = u8(e, h, i // 2), sc(e, h, i // 32)
+    # The kernels' layout (mxfp4_layout.py); the values need not be a real repack to compile.
+    w13, s13 = u8(e, 2 * i // 64, h // 64, BLOCK_BYTES), sc(e, 2 * i // 64, h // 64, SCALE_BLOCK_BYTES)
+    w2, s2 = u8(e, h // 64, i // 64, BLOCK_BYTES), sc(e, h // 64, i // 64, SCALE_BLOCK_BYTES)
     b13 = torch.zeros(e, 2 * i, device=device, dtype=torch.bfloat16) if shape.has_bias else None
     b2 = torch.zeros(e, h, device=device, dtype=torch.bfloat16) if shape.has_bias else None
     return x, rw, rb, w13, s13, b13, w2, s2, b2
@@ -114,13 +116,10 @@ def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, obje
 
 
 def _int_args(shape: MoeShape, split_k_len: int) -> dict[str, int]:
-    """The integer arguments moe.py passes for this shape (strides of contiguous checkpoint tensors)."""
-    e, h, i = shape.experts, shape.hidden, shape.intermediate
-    return {"E": e, "K": h, "K_PER_SPLIT": split_k_len, "stride_xm": h, "H": h, "I": i,
-            "gate_up.stride_we": 2 * i * h // 2, "gate_up.stride_wn": h // 2,
-            "gate_up.stride_se": 2 * i * h // 32, "gate_up.stride_sn": h // 32, "gate_up.stride_be": 2 * i,
-            "down.stride_we": h * i // 2, "down.stride_wn": i // 2, "down.stride_se": h * i // 32,
-            "down.stride_sn": i // 32, "down.stride_be": h, "stride_om": h, "router.stride_we": h}
+    """The integer arguments moe.py passes for this shape (strides of contiguous tensors)."""
+    e, h = shape.experts, shape.hidden
+    return {"E": e, "K": h, "K_PER_SPLIT": split_k_len, "stride_xm": h, "H": h, "stride_om": h,
+            "router.stride_we": h}
 
 
 def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
@@ -141,39 +140,37 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
 def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[tuple[str, object]]:
     """triton.compile() the three kernels for one shape and bucket; returns (name, CompiledKernel)."""
     import triton
-    from .moe import DEFAULT_CONFIG
-    from .moe_combine import moe_combine_kernel
+    from .moe import DEFAULT_CONFIG, EXPERT_WARPS
     from .moe_down import moe_down_kernel
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
     from .router_logits import router_logits_kernel
     cfg = config or DEFAULT_CONFIG
+    mma = 3 if target.arch // 10 == 9 else 2  # mxfp4_layout.mma_layout_for, for a target instead of a device
     e_pad = triton.next_power_of_2(shape.experts)
+    k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
+    n_split = triton.cdiv(shape.hidden, k_per_split)  # as router_logits_partial computes it
     jobs = [
         (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32",
                                 "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                                 "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
          dict(M_PAD=m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
+              SPLIT_K=n_split,
               FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False), dict(num_warps=4, num_stages=3)),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32"},
-         dict(TOPK=shape.top_k, M_PAD=m_pad, BLOCK_I=cfg.gate_up_block_i, BLOCK_K=cfg.gate_up_block_k,
+         dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma,
               HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
-         dict(num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)),
+         dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
-                           "out_ptr": "*bf16", "partial_ptr": "*fp32"},
-         dict(TOPK=shape.top_k, M_PAD=m_pad, BLOCK_N=cfg.down_block_n, BLOCK_K=cfg.down_block_k,
+                           "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"},
+         dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.down_c, MMA=mma,
               HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split),
-         dict(num_warps=cfg.down_warps, num_stages=cfg.down_stages)),
+         dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)),
     ]
-    if cfg.down_split > 1:
-        jobs.append((moe_combine_kernel, {"partial_ptr": "*fp32", "out_ptr": "*bf16"},
-                     dict(SPLIT=cfg.down_split, BLOCK=1024), dict(num_warps=4)))
-    k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
     ints = _int_args(shape, k_per_split)
-    prefixes = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down",
-                "moe_combine_kernel": "combine"}
+    prefixes = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down"}
     out = []
     for kernel, ptrs, consts, opts in jobs:
         attrs = _attrs(kernel, prefixes[kernel.fn.__name__], ints, consts)

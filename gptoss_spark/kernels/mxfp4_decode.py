@@ -1,19 +1,18 @@
-"""MXFP4 tile decode + dot as Triton helpers (inlined into the expert kernels), in three variants.
+"""MXFP4 weight tiles (mxfp4_layout.py) -> bf16 tensor-core A operand, as Triton helpers.
+
+A program's weight tile is C blocks of 64 rows x 64 k, loaded as [C*128, 16]
+bytes: one row of 16 bytes per thread and block, (c, w, g, t) = C x warps x
+MMA groups x threads-in-group. Every step after the load stays in the thread
+that loaded the bytes: decode (a word of 8 weights -> 4 bf16 pairs), then a
+join/reshape/permute that only renames registers, so the tile arrives in the
+MMA's A-fragment layout without shared memory or shuffles.
 
 DECODE (a constexpr of the expert kernels):
-  0  tl.dot_scaled: Triton upcasts e2m1 to bf16 itself (native block-scaled MMA
-     where a target has it and both sides are MX; here the activations are bf16).
-  1  portable bit trick in Triton ops: put the code's 3 exponent/mantissa bits
-     under a float's exponent/mantissa boundary and its sign on the sign bit; that
-     float is the e2m1 value times a fixed power of two (e=0 lands on subnormals,
-     which is what makes the trick exact), so one multiply by a power of two built
-     from the e8m0 scale gives the dequantized weight exactly. fp16 bits, fp32 math.
-  2  the same trick on packed 32-bit registers in inline PTX, with bf16 bits: one
-     shift/and/or sequence makes two bf16 (value * 2**-126) and mul.rn.bf16x2 by
-     2**(scale-1) finishes both, about 3 instructions per weight. Relies on bf16
-     multiply keeping subnormal inputs (the device tests check it). GPU only.
-Variants 1 and 2 return even-k and odd-k halves (low and high nibbles) so the
-dot runs as two tensor-core dots against x's even and odd k: no interleave.
+  1  portable: the same bit layout decoded with Triton integer ops and fp32
+     multiplies (the CPU interpreter's path; exact, but many instructions).
+  2  inline PTX: per word 12 integer ops + 4 mul.rn.bf16x2 by the block's
+     factor 2**(s-1). Relies on the bf16 multiply keeping subnormal inputs
+     (the device tests check it). GPU only.
 """
 
 from __future__ import annotations
@@ -21,70 +20,107 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def scale_factor_bf16(s):
-    """e8m0 uint8 -> bf16 2**(s-1) (= 2**126 * 2**(s-127)); saturates at 2**127 for s > 128."""
-    e = tl.minimum(s.to(tl.int32) + 126, 254)
-    # int32 math then int16: Triton 3.6 promotes int16 + constant to int32.
-    return (e << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+# bf16 lanes: sign bit 15 and exponent/mantissa bits [8:6], 0x81C081C0 as an int32
+SIGN_MAG = tl.constexpr(0x81C081C0 - (1 << 32))
+SIGNS = tl.constexpr(0x80008000 - (1 << 32))
 
 
 @triton.jit
-def expand_scales(f, BN: tl.constexpr, BK: tl.constexpr):
-    """[BN, BK/32] per-block factors -> [BN, BK/2], one per packed byte."""
-    return tl.reshape(tl.broadcast_to(f[:, :, None], (BN, BK // 32, 16)), (BN, BK // 2))
+def factors_per_byte(e, R: tl.constexpr, MMA: tl.constexpr):
+    """Stored exponents [R, 4] (k32 block a, row r) -> bf16x2 factors 2**(s-1) as int32 [R, 16], one per byte.
 
-
-@triton.jit
-def scale_factor_f32(s):
-    """e8m0 uint8 -> fp32 2**(s-113) (= 2**14 * 2**(s-127)), the factor for the fp16 trick below."""
-    return ((s.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def decode_e2m1_portable(w, f):
-    """uint8 [BN, BK/2] + fp32 factors [BN, BK/2] -> (even-k, odd-k) bf16 [BN, BK/2].
-
-    Same trick on fp16 bits (3 bits at [11:9], sign at 15: value * 2**-14), since
-    the fp16 -> fp32 conversion keeps fp16 subnormals exact everywhere (the CPU
-    interpreter flushes bf16 subnormals).
+    The decode reads the factor of byte 4s + 0 for registers 0 and 2 of word s and
+    that of byte 4s + 1 for registers 1 and 3. MMA 3: registers 0/2 are row r=0 and
+    1/3 row r=1, word s in k32 block s // 2. MMA 2: word s is one row and one k32
+    block (a, r) = (s // 2, s % 2), so all its registers share factor s.
     """
-    w = w.to(tl.int32)
-    lo = (((w & 7) << 9) | ((w & 8) << 12)).to(tl.int16)
-    hi = ((((w >> 4) & 7) << 9) | (((w >> 4) & 8) << 12)).to(tl.int16)
-    lo = (lo.to(tl.float16, bitcast=True).to(tl.float32) * f).to(tl.bfloat16)
-    hi = (hi.to(tl.float16, bitcast=True).to(tl.float32) * f).to(tl.bfloat16)
-    return lo, hi
+    ei = e.to(tl.int32)
+    f = (ei << 7) | (ei << 23)
+    if MMA == 3:
+        f = tl.broadcast_to(tl.reshape(f, (R, 2, 1, 1, 2)), (R, 2, 2, 2, 2))
+    else:
+        f = tl.broadcast_to(tl.reshape(f, (R, 4, 1)), (R, 4, 4))
+    return tl.reshape(f, (R, 16))
 
 
 @triton.jit
-def decode_e2m1_ptx(w, f):
-    # Four packed bytes b0..b3 in $4, their factors as bf16x2 in $5 (b0, b1) and $6 (b2, b3).
-    # prmt spreads two bytes to bit 0 and bit 16 so both 16-bit lanes use the same shifts.
-    # (The PTX is a literal here: Triton 3.6 takes no constexpr global as asm text.)
-    lo, hi = tl.inline_asm_elementwise(
+def decode_ptx(q, factor):
+    """q uint8 [R, 16] (4 words), factor int32 [R, 16] (factors_per_byte) -> (h0, h1) bf16 [R, 16].
+
+    h0 holds registers 0, 1 of each word, h1 registers 2, 3; element 4s + 2i + lane
+    of h0 is lane `lane` of register i of word s (of h1: register 2 + i).
+    """
+    # (The PTX is a literal: Triton 3.6 takes no constexpr global as asm text.)
+    return tl.inline_asm_elementwise(
         """
         {
-        .reg .b32 t, a, b;
-        prmt.b32 t, $4, 0, 0x4140;
-        shl.b32 a, t, 6;  and.b32 a, a, 0x01C001C0;
-        shl.b32 b, t, 12; and.b32 b, b, 0x80008000;
-        or.b32 a, a, b;   mul.rn.bf16x2 $0, a, $5;
-        shl.b32 a, t, 2;  and.b32 a, a, 0x01C001C0;
-        shl.b32 b, t, 8;  and.b32 b, b, 0x80008000;
-        or.b32 a, a, b;   mul.rn.bf16x2 $2, a, $5;
-        prmt.b32 t, $4, 0, 0x4342;
-        shl.b32 a, t, 6;  and.b32 a, a, 0x01C001C0;
-        shl.b32 b, t, 12; and.b32 b, b, 0x80008000;
-        or.b32 a, a, b;   mul.rn.bf16x2 $1, a, $6;
-        shl.b32 a, t, 2;  and.b32 a, a, 0x01C001C0;
-        shl.b32 b, t, 8;  and.b32 b, b, 0x80008000;
-        or.b32 a, a, b;   mul.rn.bf16x2 $3, a, $6;
+        .reg .b32 a, b, c;
+        and.b32 a, $4, 0x81C081C0;
+        mul.rn.bf16x2 $0, a, $5;
+        shl.b32 a, $4, 3;
+        and.b32 a, a, 0x81C081C0;
+        mul.rn.bf16x2 $1, a, $6;
+        shl.b32 a, $4, 6;
+        and.b32 a, a, 0x81C081C0;
+        mul.rn.bf16x2 $2, a, $5;
+        shl.b32 a, $4, 1;
+        and.b32 a, a, 0x80008000;
+        shr.b32 b, $4, 3;
+        and.b32 b, b, 0x01800180;
+        shr.b32 c, $4, 7;
+        and.b32 c, c, 0x00400040;
+        or.b32 a, a, b;
+        or.b32 a, a, c;
+        mul.rn.bf16x2 $3, a, $6;
         }
         """,
-        "=r,=r,=r,=r,r,r,r", [w, f], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    return lo, hi
+        "=r,=r,=r,=r,r,r,r,r,r", [q, factor], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _lanes_f32(reg, factor):
+    """int32 bf16x2 pattern [R, 4] -> fp32 [R, 4, 2 (lane)] times factor [R, 4] (exact: no bf16 subnormals)."""
+    lo = ((reg & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    hi = (reg & -65536).to(tl.float32, bitcast=True)
+    return tl.join(lo * factor, hi * factor)
+
+
+@triton.jit
+def decode_portable(q, factor, R: tl.constexpr):
+    """Same contract as decode_ptx, in Triton integer ops and fp32 (runs in the CPU interpreter)."""
+    b = tl.reshape(q.to(tl.int32), (R, 4, 4))
+    word = tl.sum(b << (tl.arange(0, 4) * 8)[None, None, :], axis=2)  # [R, 4 (s)], disjoint bits
+    r0 = word & SIGN_MAG
+    r1 = (word << 3) & SIGN_MAG
+    r2 = (word << 6) & SIGN_MAG
+    r3 = ((word << 1) & SIGNS) | ((word >> 3) & 0x01800180) | ((word >> 7) & 0x00400040)
+    # fp32 lane bits = bf16 bits << 16: the e2m1 value * 2**-126. The factor 2**(s-1)
+    # as fp32 is the upper bf16 lane of its pattern, shifted into place by the mask.
+    f = (factor & 0x7F800000).to(tl.float32, bitcast=True)
+    f0, f1 = tl.split(tl.reshape(f, (R, 4, 2, 2)))  # bytes 4s + 2 j_hi + {0, 1}
+    f0, _ = tl.split(f0)  # byte 4s + 0: registers 0 and 2
+    f1, _ = tl.split(f1)  # byte 4s + 1: registers 1 and 3
+    h0 = tl.reshape(tl.permute(tl.join(_lanes_f32(r0, f0), _lanes_f32(r1, f1)), (0, 1, 3, 2)), (R, 16))
+    h1 = tl.reshape(tl.permute(tl.join(_lanes_f32(r2, f0), _lanes_f32(r3, f1)), (0, 1, 3, 2)), (R, 16))
+    return h0.to(tl.bfloat16), h1.to(tl.bfloat16)
+
+
+@triton.jit
+def to_fragment_order(h0, h1, C: tl.constexpr, MMA: tl.constexpr):
+    """(h0, h1) [C*128, 16] -> the logical tile [64 rows, C*64 k]; only renames each thread's registers.
+
+    Rows (c w g t) of the load, elements (s, i, lane) and h0/h1 = h, register j = 2h + i.
+    MMA 3: word s = k16 step, j = 2h + r  -> row 16w + 8r + g, k 64c + 16s + 8h + 2t + lane.
+    MMA 2: word s = 2a + r, j = k pair    -> row 16w + 8r + g, k 64c + 32a + 8t + 2j + lane.
+    """
+    x = tl.join(h0, h1)                                         # [(c w g t), (s i lane), h]
+    if MMA == 3:
+        x = tl.reshape(x, (C, 4, 8, 4, 4, 2, 2, 2))            # c w g t s r lane h
+        x = tl.permute(x, (1, 5, 2, 0, 4, 7, 3, 6))            # w r g | c s h t lane
+    else:
+        x = tl.reshape(x, (C, 4, 8, 4, 2, 2, 2, 2, 2))         # c w g t a r i lane h
+        x = tl.permute(x, (1, 5, 2, 0, 4, 3, 8, 6, 7))         # w r g | c a t h i lane
+    return tl.reshape(x, (64, C * 64))
 
 
 @triton.jit
@@ -98,24 +134,20 @@ def dot_bf16(a, b, acc, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def mxfp4_dot(w, s, x_rows, x_row_ok, k_left, acc,
-              BN: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc [BN, M_PAD] += W_tile [BN, BK] @ X_tile^T.
+def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """acc [64, M_PAD] += W[64 rows, C*64 k] @ x_tile [C*64, M_PAD].
 
-    w uint8 [BN, BK/2] packed along K, s uint8 [BN, BK/32] e8m0; x_rows [M_PAD]
-    pointers to each token's bf16 activations at this tile's first k, x_row_ok
-    which tokens to read, k_left how many k remain (the last tile is partial).
+    w_ptr / s_ptr point at the first of C consecutive 64x64 blocks of one row block,
+    stored in layout MMA (mxfp4_layout.py).
     """
-    if DECODE == 0:
-        k = tl.arange(0, BK)
-        xt = tl.load(x_rows[None, :] + k[:, None], mask=x_row_ok[None, :] & (k < k_left)[:, None], other=0.0)
-        return tl.dot_scaled(w, s, "e2m1", xt, None, "bf16", acc)
+    R: tl.constexpr = C * 128
+    rows = tl.arange(0, R)
+    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
+    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :])
+    factor = factors_per_byte(e, R, MMA)
+    if DECODE == 2:
+        h0, h1 = decode_ptx(q, factor)
     else:
-        if DECODE == 1:
-            lo, hi = decode_e2m1_portable(w, expand_scales(scale_factor_f32(s), BN, BK))
-        else:
-            lo, hi = decode_e2m1_ptx(w, expand_scales(scale_factor_bf16(s), BN, BK))
-        k_even = 2 * tl.arange(0, BK // 2)
-        mask = x_row_ok[None, :] & (k_even < k_left)[:, None]
-        acc = dot_bf16(lo, tl.load(x_rows[None, :] + k_even[:, None], mask=mask, other=0.0), acc, INTERPRET)
-        return dot_bf16(hi, tl.load(x_rows[None, :] + k_even[:, None] + 1, mask=mask, other=0.0), acc, INTERPRET)
+        h0, h1 = decode_portable(q, factor, R)
+    return dot_bf16(to_fragment_order(h0, h1, C, MMA), x_tile, acc, INTERPRET)

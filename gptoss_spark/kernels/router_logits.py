@@ -32,7 +32,7 @@ def router_logits_kernel(
     M, E, K, K_PER_SPLIT,
     stride_xm, stride_we,
     M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
+    SPLIT_K: tl.constexpr = 1, FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
     INTERPRET: tl.constexpr = False,
 ):
     pid_e = tl.program_id(0)
@@ -65,11 +65,11 @@ def router_logits_kernel(
         # (threadfence-reduction pattern): every thread's stores are ordered before
         # the counter's release by the barrier; the last program acquires it.
         tl.debug_barrier()
-        n_programs = tl.num_programs(0) * tl.num_programs(1)
+        n_programs = tl.num_programs(0) * SPLIT_K
         ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
         if ticket == n_programs - 1:
             publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
-                            M, E, tl.num_programs(1), M_PAD, E_PAD, TOPK)
+                            M, E, SPLIT_K, M_PAD, E_PAD, TOPK)
             tl.atomic_xchg(counter_ptr, 0)  # ready for the next call (and the next graph replay)
 
 
@@ -103,7 +103,7 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     router_logits_kernel[grid](
         x, weight, bias if bias is not None else weight, out, ids, weights, experts, n_experts, counter,
         m, e, k, k_per_split, x.stride(0), weight.stride(0),
-        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         FUSE_TOPK=routing is not None, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpreting(),
         num_warps=num_warps, num_stages=num_stages)
     return out

@@ -14,7 +14,7 @@ import triton.language as tl
 
 
 @triton.jit
-def topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+def topk_softmax(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
     """-> ids int32 [M_PAD, TOPK], weights fp32 [M_PAD, TOPK], used int32 [E_PAD] (1 = some token chose it).
 
     Ties go to the lower expert index (torch.topk does not promise any order).
@@ -25,7 +25,7 @@ def topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD: tl.constexpr, E_PAD: tl.cons
     offs_t = tl.arange(0, TOPK)
     valid = (offs_m[:, None] < M) & (offs_e[None, :] < E)
     logits = tl.zeros((M_PAD, E_PAD), dtype=tl.float32)
-    for s in range(N_SPLIT):
+    for s in tl.static_range(N_SPLIT):  # unrolled: all partial loads in flight at once, not N_SPLIT L2 round trips
         # .cg: straight from L2, where other programs' partials are (never a stale L1 line).
         logits += tl.load(partial_ptr + s * M * E + offs_m[:, None] * E + offs_e[None, :], mask=valid, other=0.0,
                           cache_modifier=".cg")
@@ -58,7 +58,7 @@ def tokens_of_expert(ids, expert, M, M_PAD: tl.constexpr, TOPK: tl.constexpr):
 
 @triton.jit
 def publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
-                    M, E, N_SPLIT, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+                    M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
     """Top-k of the summed partials -> ids/weights [M, TOPK], the distinct experts in index order, their count."""
     ids, weights, used = topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD, E_PAD, TOPK)
     offs_m = tl.arange(0, M_PAD)

@@ -9,9 +9,11 @@ vLLM tree on upgrade; it checks the vLLM version and refuses an unknown one
 in one line. With the variable unset it does nothing at all.
 
 What it changes (GPTOSS_SPARK_MOE=triton only):
-  - GptOssMxfp4MoEMethod keeps the checkpoint's MXFP4 layout: no backend
-    padding (maybe_roundup_sizes) and no repack (process_weights_after_loading).
-    The weights are exactly what the kernels read; no second copy in memory.
+  - GptOssMxfp4MoEMethod keeps the checkpoint's sizes (no backend padding,
+    maybe_roundup_sizes) and, after loading, repacks each layer's experts once
+    into the kernels' layout (process_weights_after_loading -> repack_layer,
+    mxfp4_layout.py): same bytes, another order; the checkpoint copy is freed
+    layer by layer, so memory grows by a few experts' temporaries at most.
   - gpt_oss.MLPBlock.forward calls torch.ops.gptoss_spark.moe_block (router,
     top-k, experts, combine) instead of vLLM's router GEMM + FusedMoE runner.
     The moe_backend setting is then irrelevant for gpt-oss MoE layers.
@@ -71,12 +73,29 @@ def install() -> None:
             act_dtype=act_dtype, moe_parallel_config=moe_parallel_config)
 
     def process_weights_after_loading(self, layer) -> None:
-        return None  # keep w13/w2 blocks, scales and biases exactly as loaded
+        repack_layer(layer)
 
     method.maybe_roundup_sizes = maybe_roundup_sizes
     method.process_weights_after_loading = process_weights_after_loading
     method._gptoss_spark_patched = True
     gpt_oss.MLPBlock.forward = mlp_block_forward
+
+
+EXPERT_PARAMS = ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias")
+
+
+def repack_layer(layer) -> None:
+    """Replace a FusedMoE layer's expert parameters by their repack in the kernels' layout."""
+    import torch
+
+    from .mxfp4_layout import SwizzledExperts
+    loaded = [getattr(layer, name, None) for name in EXPERT_PARAMS]
+    data = [None if p is None else p.data for p in loaded]
+    sw = SwizzledExperts.from_checkpoint(*data)
+    for name, new in zip(EXPERT_PARAMS, (sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2)):
+        if new is not None:
+            setattr(layer, name, torch.nn.Parameter(new, requires_grad=False))
+    layer.gptoss_spark_layout = sw.mma
 
 
 def routed_experts_of(mlp):

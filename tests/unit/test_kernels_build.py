@@ -98,3 +98,25 @@ def test_plugin_patches_vllm_gpt_oss():
         print("ok")
     """)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_plugin_repacks_a_layer_into_the_kernels_layout():
+    """process_weights_after_loading's repack: parameters replaced, the checkpoint bytes recoverable."""
+    torch = pytest.importorskip("torch")
+    from gptoss_spark.kernels import mxfp4, mxfp4_layout
+    g = torch.Generator().manual_seed(0)
+    e, h, i = 2, 128, 64
+    w13, s13 = mxfp4.random_mxfp4((e, 2 * i, h), generator=g, scale_exp=(120, 126))
+    w2, s2 = mxfp4.random_mxfp4((e, h, i), generator=g, scale_exp=(120, 126))
+    b13, b2 = torch.randn(e, 2 * i).bfloat16(), torch.randn(e, h).bfloat16()
+    layer = torch.nn.Module()
+    for name, t in zip(vllm_plugin.EXPERT_PARAMS, (w13, s13, b13, w2, s2, b2)):
+        setattr(layer, name, torch.nn.Parameter(t.clone(), requires_grad=False))
+    vllm_plugin.repack_layer(layer)
+    assert layer.w13_weight.shape == (e, 2 * i // 64, h // 64, 2048)
+    assert layer.w2_weight_scale.shape == (e, h // 64, i // 64, 128)
+    gate_up = mxfp4_layout.gate_up_rows_first
+    v = layer.gptoss_spark_layout
+    assert torch.equal(mxfp4_layout.unswizzle_values(layer.w13_weight.data, 2 * i, h, v), gate_up(w13))
+    assert torch.equal(mxfp4_layout.unswizzle_scales(layer.w2_weight_scale.data, h, i), s2)
+    assert torch.equal(layer.w13_bias.data, gate_up(b13))

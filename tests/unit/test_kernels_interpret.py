@@ -1,9 +1,11 @@
 """Fused MXFP4 MoE decode kernels against the torch reference, on the CPU (TRITON_INTERPRET=1).
 
 Small shapes (H = I = 64) over the grid the issue asks for: tokens 1-32,
-experts 8-128, top-k 2 and 4, with and without biases. The GPU-only PTX
-decode (mxfp4_decode.py, DECODE=2) runs as its portable twin here (DECODE=1,
-same bit trick in Triton ops); tests/gpu checks every variant on a GPU.
+experts 8-128, top-k 2 and 4, with and without biases; plus a K loop with a
+tail block and both layout versions (mxfp4_layout.py). The experts are
+repacked from the checkpoint layout first, as the vLLM plugin does at load.
+The GPU-only PTX decode (mxfp4_decode.py, DECODE=2) runs as its portable twin
+here (DECODE=1: the same bit layout in Triton ops); tests/gpu runs both on a GPU.
 The interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest),
 hence the looser tolerance than on the device.
 """
@@ -40,28 +42,35 @@ if not IN_CHILD:
 @pytest.fixture(scope="module")
 def k():
     mods = {n: importlib.import_module(f"gptoss_spark.kernels.{n}")
-            for n in ("moe", "reference", "mxfp4", "router_logits", "ops")}
+            for n in ("moe", "reference", "mxfp4", "mxfp4_layout", "router_logits", "ops")}
     return type("Kernels", (), mods)
 
 
 child_only = pytest.mark.skipif(not IN_CHILD, reason="runs in the TRITON_INTERPRET=1 child (see above)")
 
 
-def make_block(k, e, m, bias, seed):
+def make_block(k, e, m, bias, seed, h=H, i=I):
+    """A block in the checkpoint layout (what the reference takes)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, H, generator=g).bfloat16()
-    rw = (torch.randn(e, H, generator=g) * 0.3).bfloat16()
+    x = torch.randn(m, h, generator=g).bfloat16()
+    rw = (torch.randn(e, h, generator=g) * 0.3).bfloat16()
     rb = (torch.randn(e, generator=g) * 0.3).bfloat16() if bias else None
-    w13, s13 = k.mxfp4.random_mxfp4((e, 2 * I, H), generator=g, scale_exp=(122, 126))
-    w2, s2 = k.mxfp4.random_mxfp4((e, H, I), generator=g, scale_exp=(122, 126))
-    b13 = torch.randn(e, 2 * I, generator=g).bfloat16() if bias else None
-    b2 = torch.randn(e, H, generator=g).bfloat16() if bias else None
+    w13, s13 = k.mxfp4.random_mxfp4((e, 2 * i, h), generator=g, scale_exp=(122, 126))
+    w2, s2 = k.mxfp4.random_mxfp4((e, h, i), generator=g, scale_exp=(122, 126))
+    b13 = torch.randn(e, 2 * i, generator=g).bfloat16() if bias else None
+    b2 = torch.randn(e, h, generator=g).bfloat16() if bias else None
     return x, rw, rb, w13, s13, b13, w2, s2, b2
 
 
-def small_config(k, split):
-    return k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_block_i=32, gate_up_block_k=64,
-                                 down_block_n=32, down_block_k=64, down_split=split)
+def kernel_args(k, args, mma=3):
+    """The same block with the experts repacked into the kernels' layout."""
+    x, rw, rb, *experts = args
+    sw = k.mxfp4_layout.SwizzledExperts.from_checkpoint(*experts, mma=mma)
+    return x, rw, rb, sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2
+
+
+def small_config(k, split, c=1):
+    return k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=c, down_c=c, down_split=split)
 
 
 def rel_err(a, b):
@@ -81,7 +90,8 @@ GRID = [  # (tokens, experts, top_k, bias, down_split)
 @pytest.mark.parametrize("m,e,top_k,bias,split", GRID)
 def test_fused_moe_matches_reference(k, m, e, top_k, bias, split):
     args = make_block(k, e, m, bias, seed=m * 1000 + e)
-    out, ids, weights = k.moe.fused_moe_decode(*args, top_k, small_config(k, split), return_routing=True)
+    out, ids, weights = k.moe.fused_moe_decode(*kernel_args(k, args), top_k, small_config(k, split),
+                                               return_routing=True, mma=3)
     ref_ids, ref_w = k.reference.topk_softmax_ref(k.reference.router_logits_ref(args[0], args[1], args[2]), top_k)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
@@ -90,12 +100,12 @@ def test_fused_moe_matches_reference(k, m, e, top_k, bias, split):
 
 
 @child_only
-def test_dot_scaled_variant_matches_reference(k):
-    """DECODE=0 (tl.dot_scaled) on the same data as the default path."""
-    from dataclasses import replace
-    args = make_block(k, 8, 2, True, seed=7)
-    out = k.moe.fused_moe_decode(*args, 4, replace(small_config(k, 2), decode=0))
-    assert rel_err(out, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL
+@pytest.mark.parametrize("mma", [3, 2])
+def test_k_loop_tail_and_both_layouts(k, mma):
+    """K = 192: one loop iteration of C = 2 blocks plus a tail block; layout 3 (wgmma) and 2 (mma.sync)."""
+    args = make_block(k, 8, 3, True, seed=11 + mma, h=192, i=192)
+    out = k.moe.fused_moe_decode(*kernel_args(k, args, mma), 2, small_config(k, 2, c=2), mma=mma)
+    assert rel_err(out, k.reference.moe_block_ref(*args, 2)) < INTERPRETER_TOL
 
 
 @child_only
@@ -110,7 +120,7 @@ def test_router_logits(k, m):
 def test_moe_block_chunks_prefill(k):
     """More than 32 tokens go through the decode kernels 32 at a time (the vLLM plugin's prefill path)."""
     args = make_block(k, 8, 40, True, seed=40)
-    out = k.ops.moe_block_chunked(*args, 2)
+    out = k.ops.moe_block_chunked(*kernel_args(k, args), 2)
     assert rel_err(out, k.reference.moe_block_ref(*args, 2)) < INTERPRETER_TOL
 
 
