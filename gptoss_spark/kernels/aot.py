@@ -95,7 +95,7 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
             args = _dummy_inputs(shape, m, "cuda")
             moe_decode(*args, shape.top_k)
             router_logits(args[0], args[1], args[2])
-            compiled.append(f"{shape.name} M={m} (M_PAD {16 if m <= 16 else 32})")
+            compiled.append(f"{shape.name} M<={16 if m <= 16 else 32}")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
 
@@ -137,16 +137,14 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
     return attrs
 
 
-def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
-    """triton.compile() the three kernels for one shape and m tokens' variant; returns (name, CompiledKernel)."""
+def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[tuple[str, object]]:
+    """triton.compile() the three kernels for one shape and bucket; returns (name, CompiledKernel)."""
     import triton
-    from .moe import DEFAULT_CONFIG, EXPERT_WARPS, gate_up_k_split
-    from .router_logits import m_pad_for
+    from .moe import DEFAULT_CONFIG, EXPERT_WARPS
     from .moe_down import moe_down_kernel
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
     from .router_logits import router_logits_kernel
     cfg = config or DEFAULT_CONFIG
-    m_pad, k_split = m_pad_for(m), gate_up_k_split(m, cfg)
     mma = 3 if target.arch // 10 == 9 else 2  # mxfp4_layout.mma_layout_for, for a target instead of a device
     e_pad = triton.next_power_of_2(shape.experts)
     k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
@@ -157,22 +155,19 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
                                 "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
          dict(M_PAD=m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
               SPLIT_K=n_split,
-              FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False, PDL=cfg.pdl),
-         dict(num_warps=4, num_stages=3, launch_pdl=cfg.pdl)),
+              FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False), dict(num_warps=4, num_stages=3)),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
-                              "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",
-                              "counter_ptr": "*i32"},
+                              "experts_ptr": "*i32", "n_experts_ptr": "*i32"},
          dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma,
-              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, K_SPLIT=k_split, PDL=cfg.pdl,
-              ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
-         dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages, launch_pdl=cfg.pdl)),
+              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
+         dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                            "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"},
          dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.down_c, MMA=mma,
-              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split, PDL=cfg.pdl),
-         dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages, launch_pdl=cfg.pdl)),
+              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split),
+         dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)),
     ]
     ints = _int_args(shape, k_per_split)
     prefixes = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down"}
@@ -195,8 +190,9 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     compiled = []
     for shape in shapes:
         for m in TOKEN_BUCKETS:
+            m_pad = 16 if m <= 16 else 32
             try:
-                kernels = compile_variants(shape, m, target)
+                kernels = compile_variants(shape, m_pad, target)
             except (FileNotFoundError, RuntimeError) as e:
                 if "ptxas" in str(e):  # the NVIDIA backend's assembler is missing or too old for the arch
                     raise ToolchainError(f"kernels build for sm_{major}{minor} needs a ptxas that knows it: "
@@ -205,7 +201,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
             for name, ck in kernels:
                 ptx = ck.asm.get("ptx", "")
                 tgt = next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), "?")
-                compiled.append(f"{shape.name} M={m} {name} -> {tgt}")
+                compiled.append(f"{shape.name} M_PAD={m_pad} {name} -> {tgt}")
     return BuildReport("compile-only", f"sm_{major}{minor}", compiled, None)
 
 

@@ -19,7 +19,7 @@ from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
 from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
 from .runtime import interpreting
-from .router_logits import launch_pdl, m_pad_for, router_logits_partial
+from .router_logits import m_pad_for, router_logits_partial
 
 MAX_DECODE_TOKENS = 32
 
@@ -40,12 +40,6 @@ class MoeLaunchConfig:
     down_c: int = 4
     down_stages: int = 3
     down_split: int = 8  # >1: work split over programs, partials added by each row block's last program
-    # gate_up's K split over programs at few tokens (few experts, few programs): must divide H / 64;
-    # partials added by each (expert, row block)'s last program. 1 = off.
-    gate_up_k_split: int = 1
-    gate_up_k_split_max_tokens: int = 4
-    # programmatic dependent launch between the three kernels (pdl.py; sm_90+, not in the interpreter)
-    pdl: bool = False
     # mxfp4_decode.py: 1 portable (interpreter), 2 inline PTX (GPU only)
     decode: int = 2
 
@@ -58,13 +52,7 @@ DEFAULT_CONFIG = MoeLaunchConfig()
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 ROUTER_COUNTER = 0      # the router kernel's arrival counter
 DOWN_COUNTERS = 1       # then one per down row block (H / 64 <= 127)
-GATE_UP_COUNTERS = 128  # then one per (expert slot, gate_up row block) when its K is split
-N_COUNTERS = 8192
-
-
-def gate_up_k_split(m: int, config: "MoeLaunchConfig") -> int:
-    """The K split gate_up runs with for m tokens (a compiled variant per value: aot.py asks here too)."""
-    return config.gate_up_k_split if m <= config.gate_up_k_split_max_tokens else 1
+N_COUNTERS = 128
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -100,8 +88,8 @@ def check_shapes(x, router_w, w13, s13, w2, s2, top_k: int) -> tuple[int, int, i
             or w2.shape != (e, h // 64, i // 64, BLOCK_BYTES) or s2.shape != (e, h // 64, i // 64, SCALE_BLOCK_BYTES)):
         raise ValueError(f"expert tensors {tuple(w13.shape)}/{tuple(s13.shape)}/{tuple(w2.shape)}/{tuple(s2.shape)} "
                          f"are not the kernels' layout for E={e} H={h} (repack with mxfp4_layout.SwizzledExperts)")
-    if h // 64 > GATE_UP_COUNTERS - DOWN_COUNTERS or e * (i // 64) > N_COUNTERS - GATE_UP_COUNTERS:
-        raise ValueError(f"hidden {h} / experts {e} x intermediate {i}: more than the kernels' counters cover")
+    if h // 64 > N_COUNTERS - DOWN_COUNTERS:
+        raise ValueError(f"hidden size {h}: at most {64 * (N_COUNTERS - DOWN_COUNTERS)} supported")
     if top_k not in (1, 2, 4, 8) or top_k > e:
         raise ValueError(f"top_k must be a power of two <= {e}, got {top_k}")
     return m, h, e, i
@@ -111,16 +99,13 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
                      w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                      w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
                      top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG,
-                     return_routing: bool = False, mma: int | None = None, launches: int = 3):
+                     return_routing: bool = False, mma: int | None = None):
     """gpt-oss MoE block for 1..32 decode tokens: x [M, H] bf16 -> [M, H] bf16 (see reference.moe_block_ref).
 
     Experts in the kernels' layout: w13/s13/b13/w2/s2/b2 as in mxfp4_layout.SwizzledExperts,
     repacked for this device's layout version (mma_layout_for; `mma` overrides it, for tests).
-    launches < 3 stops after the router (1) or gate_up (2): the benchmark times the stages so.
     """
     m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
-    if (h // 64) % config.gate_up_k_split:
-        raise ValueError(f"gate_up_k_split={config.gate_up_k_split} must divide {h // 64} (hidden / 64)")
     x = x.contiguous()
     dev = x.device
     m_pad = m_pad_for(m)
@@ -128,7 +113,6 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     interp = interpreting()
     decode = 1 if interp else cfg.decode  # no PTX in the interpreter
     mma = _layout_version(dev) if mma is None else mma
-    pdl = cfg.pdl and not interp
     h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
     ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
     weights = torch.empty((m, top_k), dtype=torch.float32, device=dev)
@@ -137,21 +121,14 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
                           block_k=cfg.router_block_k,
                           routing=(ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:]),
-                          top_k=top_k, pdl=pdl)
-    if launches < 2:
-        return None
-    dummy = x  # stands in for absent biases and unused buffers; never read
-    slots = min(e, m * top_k)
-    k_split = gate_up_k_split(m, cfg)
-    gu_partial = torch.empty((k_split, slots, 2, i, m), dtype=torch.float32, device=dev) if k_split > 1 else dummy
-    moe_gate_up_kernel[(i // 64, slots, k_split)](
+                          top_k=top_k)
+    dummy = x  # stands in for absent biases; never read (HAS_*BIAS=False)
+    moe_gate_up_kernel[(i // 64, min(e, m * top_k))](
         x, w13, s13, b13 if b13 is not None else dummy,
-        h_buf, ids, experts, n_experts, gu_partial, _counters(dev)[GATE_UP_COUNTERS:],
+        h_buf, ids, experts, n_experts,
         m, x.stride(0), H=h, I=i,
         TOPK=top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode, INTERPRET=interp,
-        K_SPLIT=k_split, num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages, **launch_pdl(pdl))
-    if launches < 3:
-        return None
+        num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
     split = cfg.down_split
     partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev) if split > 1 else out
@@ -160,8 +137,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         w2, s2, b2 if b2 is not None else dummy, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
         m, out.stride(0), H=h, I=i,
         TOPK=top_k, M_PAD=m_pad, C=cfg.down_c, MMA=mma, HAS_BIAS=b2 is not None,
-        DECODE=decode, INTERPRET=interp, SPLIT=split, num_warps=EXPERT_WARPS, num_stages=cfg.down_stages,
-        **launch_pdl(pdl))
+        DECODE=decode, INTERPRET=interp, SPLIT=split, num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)
     if return_routing:
         return out, ids, weights
     return out

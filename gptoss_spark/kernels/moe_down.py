@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 from .mxfp4_decode import mxfp4_block_dot
-from .pdl import pdl_prologue
 from .routing import tokens_of_expert
 
 
@@ -31,9 +30,8 @@ def moe_down_kernel(
     M, stride_om,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DECODE: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
+    DECODE: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr = 1,
 ):
-    pdl_prologue(PDL)
     KB: tl.constexpr = I // 64
     RB: tl.constexpr = H // 64
     pid_n = tl.program_id(0)

@@ -20,50 +20,27 @@ import triton
 import triton.language as tl
 
 from .mxfp4_decode import mxfp4_block_dot
-from .pdl import pdl_prologue
 from .routing import tokens_of_expert
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
 
 
-@triton.jit
-def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                  I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """bias + SwiGLU of one row block's gate/up sums; h (bf16) for the tokens routed to the expert."""
-    offs_m = tl.arange(0, M_PAD)
-    offs_i = pid_b * 64 + tl.arange(0, 64)
-    if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
-        b_base = b_ptr + expert * (2 * I)
-        acc_gate += tl.load(b_base + offs_i).to(tl.float32)[:, None]
-        acc_up += tl.load(b_base + I + offs_i).to(tl.float32)[:, None]
-    gate = tl.minimum(acc_gate, LIMIT)
-    up = tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT)
-    h = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
-    # h is [M, TOPK, I]: token m's k-th expert output row.
-    h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
-    tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])
-
-
 @triton.jit(do_not_specialize=["M"])
 def moe_gate_up_kernel(
     x_ptr,
     w_ptr, s_ptr, b_ptr,
-    h_ptr, ids_ptr, experts_ptr, n_experts_ptr, partial_ptr, counter_ptr,
+    h_ptr, ids_ptr, experts_ptr, n_experts_ptr,
     M, stride_xm,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
     HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
-    K_SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
 ):
-    pdl_prologue(PDL)
-    KB: tl.constexpr = H // 64 // K_SPLIT  # 64-k blocks per program
-    RB: tl.constexpr = I // 64             # row blocks of gate (and of up)
+    KB: tl.constexpr = H // 64           # 64-k blocks per row block
+    RB: tl.constexpr = I // 64           # row blocks of gate (and of up)
     pid_b = tl.program_id(0)
     slot = tl.program_id(1)
-    pid_k = tl.program_id(2)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     n_experts = tl.load(n_experts_ptr)
@@ -71,10 +48,9 @@ def moe_gate_up_kernel(
         expert = tl.load(experts_ptr + slot).to(tl.int64)
         ids = tl.load(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], mask=(offs_m < M)[:, None], other=-1)
         routed, token_slot = tokens_of_expert(ids, expert.to(tl.int32), M, M_PAD, TOPK)
-        k_first = pid_k * KB
-        gate_blk = expert * (2 * RB * KB * K_SPLIT) + pid_b * (KB * K_SPLIT) + k_first
-        up_blk = gate_blk + RB * KB * K_SPLIT
-        x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm + k_first * 64
+        gate_blk = expert * (2 * RB * KB) + pid_b * KB
+        up_blk = gate_blk + RB * KB
+        x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm
         offs_k = tl.arange(0, C * 64)
         acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
         acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
@@ -90,27 +66,14 @@ def moe_gate_up_kernel(
                                        1, MMA, DECODE, INTERPRET)
             acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
                                      1, MMA, DECODE, INTERPRET)
-        if K_SPLIT == 1:
-            _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
-        else:
-            # fp32 partials [K_SPLIT, slots, 2 (gate, up), I, M]; the last of the K_SPLIT
-            # programs of (slot, row block) adds them in a fixed order and finishes.
-            n_slots = tl.num_programs(1)
-            offs_i = pid_b * 64 + tl.arange(0, 64)
-            m_ok = (offs_m < M)[None, :]
-            part = partial_ptr + (slot * 2 * I + offs_i[:, None]) * M + offs_m[None, :]
-            stride_k = n_slots * 2 * I * M
-            tl.store(part + pid_k * stride_k, acc_gate, mask=m_ok)
-            tl.store(part + pid_k * stride_k + I * M, acc_up, mask=m_ok)
-            tl.debug_barrier()  # every thread's stores before the counter's release
-            counter = counter_ptr + slot * RB + pid_b
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == K_SPLIT - 1:
-                acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
-                acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-                for k in tl.static_range(K_SPLIT):
-                    acc_gate += tl.load(part + k * stride_k, mask=m_ok, other=0.0, cache_modifier=".cg")
-                    acc_up += tl.load(part + k * stride_k + I * M, mask=m_ok, other=0.0, cache_modifier=".cg")
-                _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                              I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
-                tl.atomic_xchg(counter, 0)  # ready for the next call (and the next graph replay)
+        offs_i = pid_b * 64 + tl.arange(0, 64)
+        if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
+            b_base = b_ptr + expert * (2 * I)
+            acc_gate += tl.load(b_base + offs_i).to(tl.float32)[:, None]
+            acc_up += tl.load(b_base + I + offs_i).to(tl.float32)[:, None]
+        gate = tl.minimum(acc_gate, LIMIT)
+        up = tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT)
+        h = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+        # h is [M, TOPK, I]: token m's k-th expert output row.
+        h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
+        tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])

@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_prologue
 from .routing import publish_routing
 from .runtime import interpreting
 
@@ -34,9 +33,8 @@ def router_logits_kernel(
     stride_xm, stride_we,
     M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr = 1, FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
-    INTERPRET: tl.constexpr = False, PDL: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False,
 ):
-    pdl_prologue(PDL)
     pid_e = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -87,7 +85,7 @@ def m_pad_for(m: int) -> int:
 def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split_k: int = 9,
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
                           num_stages: int = 3, out: torch.Tensor | None = None,
-                          routing: tuple | None = None, top_k: int = 4, pdl: bool = False) -> torch.Tensor:
+                          routing: tuple | None = None, top_k: int = 4) -> torch.Tensor:
     """x [M, H] bf16, weight [E, H] bf16, bias [E] -> partial logits fp32 [splits, M, E]; their sum is the logits.
 
     split_k=1 gives the logits themselves ([1, M, E]) in one launch. routing =
@@ -107,13 +105,8 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         m, e, k, k_per_split, x.stride(0), weight.stride(0),
         M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         FUSE_TOPK=routing is not None, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpreting(),
-        num_warps=num_warps, num_stages=num_stages, **launch_pdl(pdl))
+        num_warps=num_warps, num_stages=num_stages)
     return out
-
-
-def launch_pdl(pdl: bool) -> dict:
-    """The launch keyword for programmatic dependent launch (pdl.py); none at all when off."""
-    return {"launch_pdl": True, "PDL": True} if pdl else {}
 
 
 def router_logits_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -2,9 +2,8 @@
 
 A Triton kernel is compiled once per set of constexprs and argument
 specializations. The decode kernels fix M out of the specialization
-(do_not_specialize) and bucket tokens into M_PAD 16 or 32; gate_up also
-splits K at few tokens (moe.gate_up_k_split). So the variants are the model
-shapes x three token counts, one per (M_PAD, K split) the service can launch. Both gpt-oss models are listed: a
+(do_not_specialize) and bucket tokens into M_PAD 16 or 32, so the variants
+are the model shapes x the two buckets. Both gpt-oss models are listed: a
 profile may point at either, and compiling both takes seconds.
 """
 
@@ -27,6 +26,5 @@ GPT_OSS_120B = MoeShape("gpt-oss-120b", experts=128, hidden=2880, intermediate=2
 GPT_OSS_20B = MoeShape("gpt-oss-20b", experts=32, hidden=2880, intermediate=2880, top_k=4)
 MODEL_SHAPES = (GPT_OSS_120B, GPT_OSS_20B)
 
-# One token count per compiled variant: 1 (M_PAD 16, gate_up K split), 16 (M_PAD 16, no split),
-# 32 (M_PAD 32); M itself is not specialized. moe.gate_up_k_split_max_tokens must stay below 16.
-TOKEN_BUCKETS = (1, 16, 32)
+# One token count per M_PAD bucket (16 and 32); M itself is not specialized.
+TOKEN_BUCKETS = (1, 32)
