@@ -134,14 +134,17 @@ def distinct_experts(x, layer):
 
 
 # ---------------------------------------------------------------- MoE layer timing
-def time_moe(layers, xs, cfg, routers=None):
-    """Per-layer time (us) of the fused path over len(layers) distinct layers in one graph."""
+def time_moe(layers, xs, cfg, routers=None, launches=3):
+    """Per-layer time (us) of the fused path over len(layers) distinct layers in one graph.
+
+    launches < 3 times only the first 1 (router) or 2 (router, gate_up) launches.
+    """
     outs = []
 
     def call(li):
         lay = layers[li]
         rw, rb = (routers[li][0], routers[li][1]) if routers else (lay.rw, lay.rb)
-        return lambda: fused_moe_decode(xs[li], rw, rb, *lay.experts(), TOPK, cfg)
+        return lambda: fused_moe_decode(xs[li], rw, rb, *lay.experts(), TOPK, cfg, launches=launches)
     calls = [call(li) for li in range(len(layers))]
     return graph_ms(calls) * 1e3 / len(layers)
 
@@ -170,14 +173,15 @@ def sweep(layers, log):
             log(f"  config failed: {cfg}: {str(e).splitlines()[0][:300]}")
             return math.inf
         results.append({"config": cfg.__dict__, "t1_us": t1, "t8_us": t8, "rel_err": err})
-        log(f"  gate_up C={cfg.gate_up_c} stages {cfg.gate_up_stages} | down C={cfg.down_c} stages "
-            f"{cfg.down_stages} split {cfg.down_split} -> M=1 {t1:.1f} us, M=8 {t8:.1f} us, rel_err {err:.1e}")
+        log(f"  gate_up C={cfg.gate_up_c} stages {cfg.gate_up_stages} | down C={cfg.down_c}"
+            f" stages {cfg.down_stages} split {cfg.down_split} -> M=1 {t1:.1f} us, M=8 {t8:.1f} us, rel_err {err:.1e}")
         return t1 + t8 if err < 5e-3 else math.inf
 
     # 64-k blocks per loop iteration (C), pipeline depth and the down stage's expert split.
     best, best_s = DEFAULT_CONFIG, math.inf
-    # results/run6-8: 64-k blocks per iteration C = 4 beat 1 and 2, 3 pipeline stages beat 2 and 4,
-    # split 8 beat 4 and 16, and splitting the down stage's K too (run8) did not pay. Re-check the neighbours.
+    # results/run6-9: 64-k blocks per iteration C = 4 beat 1 and 2, 3 pipeline stages beat 2 and 4,
+    # split 8 beat 4 and 16; splitting the down stage's K (run8) or gate_up's K at M <= 4 and
+    # programmatic dependent launch (run9) did not pay and were removed. Re-check the neighbours.
     for gu_c, down_c, split, stages in ((4, 4, 8, 3), (2, 2, 8, 3), (4, 4, 16, 3), (4, 4, 8, 4)):
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, "gate_up_c": gu_c, "down_c": down_c, "down_split": split,
                                  "gate_up_stages": stages, "down_stages": stages})
@@ -302,6 +306,14 @@ def main():
         res["sweep"] = sweep_rows
         log(f"best: {cfg.__dict__}  ({time.time() - t0:.0f} s)")
     res["config"] = cfg.__dict__
+
+    # where the time of one layer goes at one token: the launches timed cumulatively
+    log("## stages at M = 1 (natural routing): cumulative us per layer")
+    xs1 = [torch.randn(1, H, device=DEV).bfloat16() for _ in layers]
+    stages = {n: time_moe(layers, xs1, cfg, launches=n) for n in (1, 2, 3)}
+    res["stages_M1_us"] = stages
+    log(f"  router + top-k {stages[1]:.1f} | + gate_up {stages[2]:.1f} (gate_up {stages[2] - stages[1]:.1f}) | "
+        f"+ down {stages[3]:.1f} (down {stages[3] - stages[2]:.1f})")
 
     # natural routing, M = 1..32
     log("## per-layer MoE time, natural routing (random x, random router), gpt-oss-120b shapes")

@@ -99,11 +99,13 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
                      w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                      w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
                      top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG,
-                     return_routing: bool = False, mma: int | None = None):
+                     return_routing: bool = False, mma: int | None = None, launches: int = 3):
     """gpt-oss MoE block for 1..32 decode tokens: x [M, H] bf16 -> [M, H] bf16 (see reference.moe_block_ref).
 
     Experts in the kernels' layout: w13/s13/b13/w2/s2/b2 as in mxfp4_layout.SwizzledExperts,
     repacked for this device's layout version (mma_layout_for; `mma` overrides it, for tests).
+    launches < 3 stops after the router (1) or gate_up (2) and returns None: the benchmark
+    times the stages so.
     """
     m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
     x = x.contiguous()
@@ -122,6 +124,8 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
                           block_k=cfg.router_block_k,
                           routing=(ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:]),
                           top_k=top_k)
+    if launches < 2:
+        return None
     dummy = x  # stands in for absent biases; never read (HAS_*BIAS=False)
     moe_gate_up_kernel[(i // 64, min(e, m * top_k))](
         x, w13, s13, b13 if b13 is not None else dummy,
@@ -129,6 +133,8 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         m, x.stride(0), H=h, I=i,
         TOPK=top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode, INTERPRET=interp,
         num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
+    if launches < 3:
+        return None
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
     split = cfg.down_split
     partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev) if split > 1 else out
