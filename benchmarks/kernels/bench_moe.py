@@ -173,7 +173,7 @@ def sweep(layers, log):
             log(f"  config failed: {cfg}: {str(e).splitlines()[0][:300]}")
             return math.inf
         results.append({"config": cfg.__dict__, "t1_us": t1, "t8_us": t8, "rel_err": err})
-        log(f"  gate_up {cfg.gate_up_warps} warps C={cfg.gate_up_c} stages {cfg.gate_up_stages} | down C={cfg.down_c}"
+        log(f"  gate_up C={cfg.gate_up_c} stages {cfg.gate_up_stages} | down C={cfg.down_c}"
             f" stages {cfg.down_stages} split {cfg.down_split} -> M=1 {t1:.1f} us, M=8 {t8:.1f} us, rel_err {err:.1e}")
         return t1 + t8 if err < 5e-3 else math.inf
 
@@ -181,11 +181,10 @@ def sweep(layers, log):
     best, best_s = DEFAULT_CONFIG, math.inf
     # results/run6-9: 64-k blocks per iteration C = 4 beat 1 and 2, 3 pipeline stages beat 2 and 4,
     # split 8 beat 4 and 16; splitting the down stage's K (run8) or gate_up's K at M <= 4 and
-    # programmatic dependent launch (run9) did not pay and were removed. run10: gate_up in one
-    # warpgroup (4 warps, two 64-row tiles) or two (8 warps, one 128-row tile).
-    for gu_warps, gu_c, stages in ((4, 4, 3), (8, 4, 3), (8, 2, 3), (8, 4, 4), (8, 2, 4)):
-        cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, "gate_up_warps": gu_warps, "gate_up_c": gu_c,
-                                 "gate_up_stages": stages})
+    # programmatic dependent launch (run9) did not pay and were removed. Re-check the neighbours.
+    for gu_c, down_c, split, stages in ((4, 4, 8, 3), (2, 2, 8, 3), (4, 4, 16, 3), (4, 4, 8, 4)):
+        cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, "gate_up_c": gu_c, "down_c": down_c, "down_split": split,
+                                 "gate_up_stages": stages, "down_stages": stages})
         s = score(cfg)
         if s < best_s:
             best, best_s = cfg, s

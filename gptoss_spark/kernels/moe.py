@@ -36,7 +36,6 @@ class MoeLaunchConfig:
     router_block_e: int = 16
     router_block_k: int = 64
     gate_up_c: int = 4
-    gate_up_warps: int = 4  # 8: gate and up rows in one tile, a warpgroup each
     gate_up_stages: int = 3
     down_c: int = 4
     down_stages: int = 3
@@ -133,7 +132,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         h_buf, ids, experts, n_experts,
         m, x.stride(0), H=h, I=i,
         TOPK=top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode, INTERPRET=interp,
-        WG=cfg.gate_up_warps // 4, num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages)
+        num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
     if launches < 3:
         return None
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)

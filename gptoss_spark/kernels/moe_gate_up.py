@@ -34,7 +34,7 @@ def moe_gate_up_kernel(
     M, stride_xm,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
-    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, WG: tl.constexpr = 1,
+    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
 ):
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
@@ -52,34 +52,20 @@ def moe_gate_up_kernel(
         up_blk = gate_blk + RB * KB
         x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm
         offs_k = tl.arange(0, C * 64)
-        if WG == 2:
-            # gate and up blocks stacked in one 128-row tile, a warpgroup each: half the
-            # dependent chain per warp (what bounds a layer at few tokens, docs/KERNELS.md)
-            acc = tl.zeros((128, M_PAD), dtype=tl.float32)
-            for c0 in range(0, KB - KB % C, C):
-                xt = tl.load(x_rows[None, :] + (c0 * 64 + offs_k)[:, None])
-                acc = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt, acc,
-                                      C, MMA, DECODE, INTERPRET, 2, RB * KB)
-            for c0 in tl.static_range(KB - KB % C, KB):
-                xt = tl.load(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
-                acc = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt, acc,
-                                      1, MMA, DECODE, INTERPRET, 2, RB * KB)
-            acc_gate, acc_up = tl.split(tl.permute(tl.reshape(acc, (2, 64, M_PAD)), (1, 2, 0)))
-        else:
-            acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
-            acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-            for c0 in range(0, KB - KB % C, C):
-                xt = tl.load(x_rows[None, :] + (c0 * 64 + offs_k)[:, None])
-                acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
-                                           acc_gate, C, MMA, DECODE, INTERPRET)
-                acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
-                                         C, MMA, DECODE, INTERPRET)
-            for c0 in tl.static_range(KB - KB % C, KB):  # the blocks left over when C does not divide KB
-                xt = tl.load(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
-                acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
-                                           acc_gate, 1, MMA, DECODE, INTERPRET)
-                acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
-                                         1, MMA, DECODE, INTERPRET)
+        acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
+        acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
+        for c0 in range(0, KB - KB % C, C):
+            xt = tl.load(x_rows[None, :] + (c0 * 64 + offs_k)[:, None])
+            acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt, acc_gate,
+                                       C, MMA, DECODE, INTERPRET)
+            acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
+                                     C, MMA, DECODE, INTERPRET)
+        for c0 in tl.static_range(KB - KB % C, KB):  # the blocks left over when C does not divide KB
+            xt = tl.load(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
+            acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt, acc_gate,
+                                       1, MMA, DECODE, INTERPRET)
+            acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
+                                     1, MMA, DECODE, INTERPRET)
         offs_i = pid_b * 64 + tl.arange(0, 64)
         if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
             b_base = b_ptr + expert * (2 * I)

@@ -106,22 +106,21 @@ def decode_portable(q, factor, R: tl.constexpr):
 
 
 @triton.jit
-def to_fragment_order(h0, h1, C: tl.constexpr, MMA: tl.constexpr, WG: tl.constexpr = 1):
-    """(h0, h1) [C*WG*128, 16] -> the logical tile [WG*64 rows, C*64 k]; only renames each thread's registers.
+def to_fragment_order(h0, h1, C: tl.constexpr, MMA: tl.constexpr):
+    """(h0, h1) [C*128, 16] -> the logical tile [64 rows, C*64 k]; only renames each thread's registers.
 
-    Rows (c b w g t) of the load (b: which of WG row blocks, one per warpgroup),
-    elements (s, i, lane) and h0/h1 = h, register j = 2h + i.
-    MMA 3: word s = k16 step, j = 2h + r  -> row 64b + 16w + 8r + g, k 64c + 16s + 8h + 2t + lane.
-    MMA 2: word s = 2a + r, j = k pair    -> row 64b + 16w + 8r + g, k 64c + 32a + 8t + 2j + lane.
+    Rows (c w g t) of the load, elements (s, i, lane) and h0/h1 = h, register j = 2h + i.
+    MMA 3: word s = k16 step, j = 2h + r  -> row 16w + 8r + g, k 64c + 16s + 8h + 2t + lane.
+    MMA 2: word s = 2a + r, j = k pair    -> row 16w + 8r + g, k 64c + 32a + 8t + 2j + lane.
     """
-    x = tl.join(h0, h1)                                         # [(c b w g t), (s i lane), h]
+    x = tl.join(h0, h1)                                         # [(c w g t), (s i lane), h]
     if MMA == 3:
-        x = tl.reshape(x, (C, WG, 4, 8, 4, 4, 2, 2, 2))        # c b w g t s r lane h
-        x = tl.permute(x, (1, 2, 6, 3, 0, 5, 8, 4, 7))         # b w r g | c s h t lane
+        x = tl.reshape(x, (C, 4, 8, 4, 4, 2, 2, 2))            # c w g t s r lane h
+        x = tl.permute(x, (1, 5, 2, 0, 4, 7, 3, 6))            # w r g | c s h t lane
     else:
-        x = tl.reshape(x, (C, WG, 4, 8, 4, 2, 2, 2, 2, 2))     # c b w g t a r i lane h
-        x = tl.permute(x, (1, 2, 6, 3, 0, 5, 4, 9, 7, 8))      # b w r g | c a t h i lane
-    return tl.reshape(x, (WG * 64, C * 64))
+        x = tl.reshape(x, (C, 4, 8, 4, 2, 2, 2, 2, 2))         # c w g t a r i lane h
+        x = tl.permute(x, (1, 5, 2, 0, 4, 3, 8, 6, 7))         # w r g | c a t h i lane
+    return tl.reshape(x, (64, C * 64))
 
 
 @triton.jit
@@ -136,22 +135,19 @@ def dot_bf16(a, b, acc, INTERPRET: tl.constexpr):
 
 @triton.jit
 def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
-                    INTERPRET: tl.constexpr, WG: tl.constexpr = 1, wg_stride=0):
-    """acc [WG*64, M_PAD] += W[WG*64 rows, C*64 k] @ x_tile [C*64, M_PAD].
+                    INTERPRET: tl.constexpr):
+    """acc [64, M_PAD] += W[64 rows, C*64 k] @ x_tile [C*64, M_PAD].
 
     w_ptr / s_ptr point at the first of C consecutive 64x64 blocks of one row block,
-    stored in layout MMA (mxfp4_layout.py). WG = 2 stacks a second row block,
-    wg_stride blocks further, under the first: one warpgroup (4 warps) each.
+    stored in layout MMA (mxfp4_layout.py).
     """
-    R: tl.constexpr = C * WG * 128
+    R: tl.constexpr = C * 128
     rows = tl.arange(0, R)
-    inner = rows % 128                                     # (w g t): the thread's 16 bytes in a block
-    blk = (rows // (WG * 128)) + (rows // 128 % WG) * wg_stride  # (c, b) -> block offset
-    q = tl.load(w_ptr + (blk * 2048 + inner * 16)[:, None] + tl.arange(0, 16)[None, :])
-    e = tl.load(s_ptr + (blk * 128 + (inner // 4) * 4)[:, None] + tl.arange(0, 4)[None, :])
+    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
+    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :])
     factor = factors_per_byte(e, R, MMA)
     if DECODE == 2:
         h0, h1 = decode_ptx(q, factor)
     else:
         h0, h1 = decode_portable(q, factor, R)
-    return dot_bf16(to_fragment_order(h0, h1, C, MMA, WG), x_tile, acc, INTERPRET)
+    return dot_bf16(to_fragment_order(h0, h1, C, MMA), x_tile, acc, INTERPRET)

@@ -145,17 +145,16 @@ def test_aot_build_leaves_nothing_to_compile(tmp_path):
     assert after == before, f"compiled at serve time: {set(after) - set(before)}"
 
 
-@pytest.mark.parametrize("decode,gate_up_warps", [(1, 4), (2, 4), (2, 8)])
+@pytest.mark.parametrize("decode", [1, 2])
 @pytest.mark.parametrize("m", [1, 4, 32])
-def test_decode_variants_match_reference(decode, gate_up_warps, m):
-    """Each MXFP4 decode variant (mxfp4_decode.py), and gate_up in one or two warpgroups, at gpt-oss-120b shapes."""
+def test_decode_variants_match_reference(decode, m):
+    """Each MXFP4 decode variant (mxfp4_decode.py) at gpt-oss-120b shapes."""
     from dataclasses import replace
 
     from gptoss_spark.kernels import reference
     from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
     args = make_block(128, m, seed=100 + m)
-    cfg = replace(DEFAULT_CONFIG, decode=decode, gate_up_warps=gate_up_warps)
-    out = fused_moe_decode(*kernel_args(args), 4, cfg)
+    out = fused_moe_decode(*kernel_args(args), 4, replace(DEFAULT_CONFIG, decode=decode))
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 
