@@ -3,9 +3,9 @@
 The gpt-oss checkpoint stores each expert matrix W[N, K] as
   blocks uint8 [N, K/32, 16]: two e2m1 values per byte, the first (even k) in the low nibble;
   scales uint8 [N, K/32]:     e8m0, one power of two 2**(s-127) per 32 consecutive k.
-Flattening blocks to [N, K/2] gives exactly the packed-along-K operand that
-Triton's tl.dot_scaled takes, so the kernels need no repack of the checkpoint.
-These helpers are the reference side: the kernels never call them.
+Flattening blocks gives [N, K/2], packed along K. The kernels read a repack of
+it (mxfp4_layout.py); these helpers are the reference side, on the checkpoint
+layout: the kernels never call them.
 """
 
 from __future__ import annotations
