@@ -12,7 +12,7 @@ What it changes (GPTOSS_SPARK_MOE=triton only):
   - GptOssMxfp4MoEMethod keeps the checkpoint's sizes (no backend padding,
     maybe_roundup_sizes) and, after loading, repacks each layer's experts once
     into the kernels' layout (process_weights_after_loading -> repack_layer,
-    mxfp4_layout.py): same bytes, another order; the checkpoint copy is freed
+    mxfp4_layout.py): same size, another order; the checkpoint copy is freed
     layer by layer, so memory grows by a few experts' temporaries at most.
   - gpt_oss.MLPBlock.forward calls torch.ops.gptoss_spark.moe_block (router,
     top-k, experts, combine) instead of vLLM's router GEMM + FusedMoE runner.
