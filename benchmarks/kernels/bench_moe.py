@@ -109,8 +109,7 @@ class Layer:
 
     def experts(self):
         """The kernels' layout, after the router weights."""
-        sw = self.sw
-        return (sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2)
+        return self.sw.tensors()
 
 
 def forced_router(m, d, e=E, h=H, seed=0):

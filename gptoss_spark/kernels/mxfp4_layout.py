@@ -199,6 +199,6 @@ class SwizzledExperts:
                    swizzle_values(w2, mma), swizzle_scales(s2), None if b2 is None else b2.contiguous(),
                    hidden, intermediate, mma)
 
-    @property
-    def num_experts(self) -> int:
-        return self.w13.shape[0]
+    def tensors(self) -> tuple:
+        """(w13, s13, b13, w2, s2, b2): the experts' arguments of fused_moe_decode and the custom ops, in order."""
+        return self.w13, self.s13, self.b13, self.w2, self.s2, self.b2

@@ -92,7 +92,7 @@ def repack_layer(layer) -> None:
     loaded = [getattr(layer, name, None) for name in EXPERT_PARAMS]
     data = [None if p is None else p.data for p in loaded]
     sw = SwizzledExperts.from_checkpoint(*data)
-    for name, new in zip(EXPERT_PARAMS, (sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2)):
+    for name, new in zip(EXPERT_PARAMS, sw.tensors()):
         if new is not None:
             setattr(layer, name, torch.nn.Parameter(new, requires_grad=False))
     layer.gptoss_spark_layout = sw.mma

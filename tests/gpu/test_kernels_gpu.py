@@ -41,7 +41,7 @@ def kernel_args(args):
     from gptoss_spark.kernels.mxfp4_layout import SwizzledExperts
     x, rw, rb, w13, s13, b13, w2, s2, b2 = args
     sw = SwizzledExperts.from_checkpoint(w13, s13, b13, w2, s2, b2)
-    return x, rw, rb, sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2
+    return (x, rw, rb, *sw.tensors())
 
 
 def rel_err(a, b):

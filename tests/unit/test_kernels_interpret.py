@@ -66,7 +66,7 @@ def kernel_args(k, args, mma=3):
     """The same block with the experts repacked into the kernels' layout."""
     x, rw, rb, *experts = args
     sw = k.mxfp4_layout.SwizzledExperts.from_checkpoint(*experts, mma=mma)
-    return x, rw, rb, sw.w13, sw.s13, sw.b13, sw.w2, sw.s2, sw.b2
+    return (x, rw, rb, *sw.tensors())
 
 
 def small_config(k, split, c=1):
