@@ -141,11 +141,12 @@ def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[t
     """triton.compile() the three kernels for one shape and bucket; returns (name, CompiledKernel)."""
     import triton
     from .moe import DEFAULT_CONFIG, EXPERT_WARPS
+    from .mxfp4_layout import mma_layout_for_capability
     from .moe_down import moe_down_kernel
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
     from .router_logits import router_logits_kernel
     cfg = config or DEFAULT_CONFIG
-    mma = 3 if target.arch // 10 == 9 else 2  # mxfp4_layout.mma_layout_for, for a target instead of a device
+    mma = mma_layout_for_capability(target.arch // 10)
     e_pad = triton.next_power_of_2(shape.experts)
     k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
     n_split = triton.cdiv(shape.hidden, k_per_split)  # as router_logits_partial computes it

@@ -90,11 +90,15 @@ def _unpack_words(b: torch.Tensor) -> torch.Tensor:
 
 
 def mma_layout_for(device) -> int:
+    """The layout version for a device (the CPU interpreter takes either; 3 is the default)."""
+    if torch.device(device).type != "cuda":
+        return 3
+    return mma_layout_for_capability(torch.cuda.get_device_capability(device)[0])
+
+
+def mma_layout_for_capability(major: int) -> int:
     """3 on Hopper (wgmma), 2 elsewhere; 2 also when Triton's wgmma is disabled (DISABLE_MMA_V3=1)."""
     import os
-    if torch.device(device).type != "cuda":
-        return 3  # the CPU interpreter takes either; 3 is the default
-    major, _ = torch.cuda.get_device_capability(device)
     return 3 if major == 9 and os.environ.get("DISABLE_MMA_V3", "0") in ("", "0") else 2
 
 
