@@ -5,6 +5,7 @@ Modules (one kernel per file; docs/KERNELS.md has the design and the numbers):
   moe_gate_up.py    gate_up on MXFP4 + bias + SwiGLU, per distinct expert
   moe_down.py       down on MXFP4 + bias + routing-weighted combine
   routing.py        top-k helpers (router kernel's last program, expert kernels)
+  arrival.py        last-to-arrive among a kernel's programs (router top-k, down partial sums)
   mxfp4_layout.py   the one-time repack of the experts into the kernels' layout
   mxfp4_decode.py   MXFP4 tile -> bf16 tensor-core operand (inline PTX / portable)
   moe.py            the three launches of one layer

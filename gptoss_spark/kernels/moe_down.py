@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import mxfp4_block_dot
 from .routing import tokens_of_expert
 
@@ -71,14 +72,11 @@ def moe_down_kernel(
         tl.store(out_ptrs, out.to(tl.bfloat16), mask=store_mask)
     else:
         tl.store(partial_ptr + (pid_split * M + offs_m[None, :]) * H + offs_n[:, None], out, mask=store_mask)
-        # Threadfence-reduction: every thread's stores are ordered before the counter's
-        # release by the barrier; the last program of this row block acquires it.
-        tl.debug_barrier()
-        ticket = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
+        # The last of this row block's SPLIT programs adds the partials (arrival.py).
+        if last_to_arrive(counter_ptr + pid_n, SPLIT):
             total = tl.zeros((64, M_PAD), dtype=tl.float32)
             for p in tl.static_range(SPLIT):  # fixed order: the same sum whichever program is last
                 total += tl.load(partial_ptr + (p * M + offs_m[None, :]) * H + offs_n[:, None], mask=store_mask,
                                  other=0.0, cache_modifier=".cg")
             tl.store(out_ptrs, total.to(tl.bfloat16), mask=store_mask)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next call (and the next graph replay)
+            reset_arrivals(counter_ptr + pid_n)

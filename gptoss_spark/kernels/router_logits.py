@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .arrival import last_to_arrive, reset_arrivals
 from .routing import publish_routing
 from .runtime import interpreting
 
@@ -61,16 +62,11 @@ def router_logits_kernel(
     out = partial_ptr + pid_k * M * E + offs_m[None, :] * E + offs_e[:, None]
     tl.store(out, acc, mask=(offs_e[:, None] < E) & (offs_m[None, :] < M))
     if FUSE_TOPK:
-        # The last program to finish reads every partial and publishes the routing
-        # (threadfence-reduction pattern): every thread's stores are ordered before
-        # the counter's release by the barrier; the last program acquires it.
-        tl.debug_barrier()
-        n_programs = tl.num_programs(0) * SPLIT_K
-        ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-        if ticket == n_programs - 1:
+        # The last program to finish reads every partial and publishes the routing (arrival.py).
+        if last_to_arrive(counter_ptr, tl.num_programs(0) * SPLIT_K):
             publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
                             M, E, SPLIT_K, M_PAD, E_PAD, TOPK)
-            tl.atomic_xchg(counter_ptr, 0)  # ready for the next call (and the next graph replay)
+            reset_arrivals(counter_ptr)
 
 
 def m_pad_for(m: int) -> int:
