@@ -40,7 +40,7 @@ def spec_tps(layer_us: float) -> float:
 def main(path: str) -> None:
     res = json.loads(open(path).read())
     fixed = res["fixed_at_one_token_us"]
-    measured_eta = res["fits"]["8"]["fraction"] if "8" in res["fits"] else res["fits"][8]["fraction"]
+    measured_eta = res["fits"]["8"]["fraction"]  # JSON object keys are strings
     print(f"PROJECTION from {res['device']} ({path}): F = {fixed:.1f} us, eta {measured_eta:.2f} .. 0.85")
     print("| profile | seed (Spark, measured by others) | eta | MoE us/layer | projected tok/s |")
     print("|---|---|---|---|---|")
