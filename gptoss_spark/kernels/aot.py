@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .variants import MODEL_SHAPES, TOKEN_BUCKETS, MoeShape
+from .variants import MODEL_SHAPES, MoeShape, token_counts
 
 
 class ToolchainError(UserError):
@@ -91,11 +91,11 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     from .ops import moe_decode, router_logits
     compiled = []
     for shape in shapes:
-        for m in TOKEN_BUCKETS:
+        for m in token_counts(shape):
             args = _dummy_inputs(shape, m, "cuda")
             moe_decode(*args, shape.top_k)
             router_logits(args[0], args[1], args[2])
-            compiled.append(f"{shape.name} M<={16 if m <= 16 else 32}")
+            compiled.append(f"{shape.name} {_plan_name(shape, m)}")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
 
@@ -137,15 +137,23 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
     return attrs
 
 
-def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[tuple[str, object]]:
-    """triton.compile() the three kernels for one shape and bucket; returns (name, CompiledKernel)."""
+def _plan_name(shape: MoeShape, m: int) -> str:
+    from .moe import launch_plan
+    p = launch_plan(m, shape.top_k)
+    return f"M={m} (M_PAD={p.m_pad}, K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})"
+
+
+def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
+    """triton.compile() the three kernels as m tokens launch them (moe.launch_plan); returns (name, CompiledKernel)."""
     import triton
-    from .moe import DEFAULT_CONFIG, EXPERT_WARPS
+    from .moe import DEFAULT_CONFIG, EXPERT_WARPS, launch_plan
     from .mxfp4_layout import mma_layout_for_capability
     from .moe_down import moe_down_kernel
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
     from .router_logits import router_logits_kernel
     cfg = config or DEFAULT_CONFIG
+    plan = launch_plan(m, shape.top_k, cfg)
+    m_pad = plan.m_pad
     mma = mma_layout_for_capability(target.arch // 10)
     e_pad = triton.next_power_of_2(shape.experts)
     k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
@@ -159,15 +167,18 @@ def compile_variants(shape: MoeShape, m_pad: int, target, config=None) -> list[t
               FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False), dict(num_warps=4, num_stages=3)),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
-                              "experts_ptr": "*i32", "n_experts_ptr": "*i32"},
+                              "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",
+                              "counter_ptr": "*i32"},
          dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma,
-              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
+              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, K_PARTS=plan.gate_up_k_parts,
+              ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
          dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                            "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"},
          dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.down_c, MMA=mma,
-              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split),
+              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split,
+              K_PARTS=plan.down_k_parts),
          dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)),
     ]
     ints = _int_args(shape, k_per_split)
@@ -190,10 +201,9 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     target = GPUTarget("cuda", major * 10 + minor, 32)
     compiled = []
     for shape in shapes:
-        for m in TOKEN_BUCKETS:
-            m_pad = 16 if m <= 16 else 32
+        for m in token_counts(shape):
             try:
-                kernels = compile_variants(shape, m_pad, target)
+                kernels = compile_variants(shape, m, target)
             except (FileNotFoundError, RuntimeError) as e:
                 if "ptxas" in str(e):  # the NVIDIA backend's assembler is missing or too old for the arch
                     raise ToolchainError(f"kernels build for sm_{major}{minor} needs a ptxas that knows it: "
@@ -202,7 +212,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
             for name, ck in kernels:
                 ptx = ck.asm.get("ptx", "")
                 tgt = next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), "?")
-                compiled.append(f"{shape.name} M_PAD={m_pad} {name} -> {tgt}")
+                compiled.append(f"{shape.name} {_plan_name(shape, m)} {name} -> {tgt}")
     return BuildReport("compile-only", f"sm_{major}{minor}", compiled, None)
 
 

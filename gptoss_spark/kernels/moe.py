@@ -2,7 +2,8 @@
 
   1. router_logits_kernel  x @ Wr^T as K-split partials; its last program
                            does top-k + softmax and lists the experts    (router_logits.py, routing.py)
-  2. moe_gate_up_kernel    gate_up, bias, SwiGLU -> h                     (moe_gate_up.py)
+  2. moe_gate_up_kernel    gate_up, bias, SwiGLU -> h; at few tokens K is
+                           shared, the last program finishes               (moe_gate_up.py)
   3. moe_down_kernel       down, bias, routing-weighted sum -> y; with a
                            split, each row block's last program adds the
                            partials                                       (moe_down.py)
@@ -13,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
@@ -40,6 +40,13 @@ class MoeLaunchConfig:
     down_c: int = 4
     down_stages: int = 3
     down_split: int = 8  # >1: work split over programs, partials added by each row block's last program
+    # Few tokens select few experts: too few programs, each a long chain of dependent loads
+    # (launch_plan). Up to few_tokens_max tokens gate_up shares each row block's K among
+    # few_tokens_gate_up_k_parts programs; the last adds the shares.
+    few_tokens_max: int = 1
+    few_tokens_gate_up_k_parts: int = 2
+    # When fewer experts can be selected than the down split, its spare programs take shares of K.
+    down_k_parts: bool = True
     # mxfp4_decode.py: 1 portable (interpreter), 2 inline PTX (GPU only)
     decode: int = 2
 
@@ -49,10 +56,42 @@ EXPERT_WARPS = 4
 DEFAULT_CONFIG = MoeLaunchConfig()
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a call with m tokens compiles and launches: each distinct plan is one set of kernel variants."""
+    m_pad: int            # token columns of the tensor-core tile (router_logits.m_pad_for)
+    gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
+    down_k_parts: int     # shares of K per expert among the down split's programs
+
+
+def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> LaunchPlan:
+    """The variants m tokens run with.
+
+    m tokens select at most m * top_k experts; when that is below the down split,
+    the split's spare programs would idle, so they share K instead (a power of two
+    that divides the split). At few tokens gate_up shares K too.
+    """
+    parts = 1
+    if config.down_k_parts:
+        while config.down_split % (2 * parts) == 0 and 2 * parts * m * top_k <= config.down_split:
+            parts *= 2
+    gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
+    return LaunchPlan(m_pad_for(m), gate_up_parts, parts)
+
+
+def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> dict[LaunchPlan, int]:
+    """Every plan 1..MAX_DECODE_TOKENS tokens can take -> the fewest tokens that take it (the AOT build's list)."""
+    plans: dict[LaunchPlan, int] = {}
+    for m in range(1, MAX_DECODE_TOKENS + 1):
+        plans.setdefault(launch_plan(m, top_k, config), m)
+    return plans
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 ROUTER_COUNTER = 0      # the router kernel's arrival counter
 DOWN_COUNTERS = 1       # then one per down row block (H / 64 <= 127)
-N_COUNTERS = 128
+GATE_UP_COUNTERS = 128  # then one per (expert slot, gate_up row block) when gate_up shares K
+N_COUNTERS = GATE_UP_COUNTERS + 128 * 64  # up to 128 slots x 64 row blocks (I <= 4096)
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -88,8 +127,10 @@ def check_shapes(x, router_w, w13, s13, w2, s2, top_k: int) -> tuple[int, int, i
             or w2.shape != (e, h // 64, i // 64, BLOCK_BYTES) or s2.shape != (e, h // 64, i // 64, SCALE_BLOCK_BYTES)):
         raise ValueError(f"expert tensors {tuple(w13.shape)}/{tuple(s13.shape)}/{tuple(w2.shape)}/{tuple(s2.shape)} "
                          f"are not the kernels' layout for E={e} H={h} (repack with mxfp4_layout.SwizzledExperts)")
-    if h // 64 > N_COUNTERS - DOWN_COUNTERS:
-        raise ValueError(f"hidden size {h}: at most {64 * (N_COUNTERS - DOWN_COUNTERS)} supported")
+    max_slots = min(e, MAX_DECODE_TOKENS * top_k)
+    if h // 64 > GATE_UP_COUNTERS - DOWN_COUNTERS or max_slots * (i // 64) > N_COUNTERS - GATE_UP_COUNTERS:
+        raise ValueError(f"hidden {h} / experts {e} x intermediate {i}: more than the kernels' arrival counters "
+                         f"cover (moe.N_COUNTERS)")
     if top_k not in (1, 2, 4, 8) or top_k > e:
         raise ValueError(f"top_k must be a power of two <= {e}, got {top_k}")
     return m, h, e, i
@@ -110,8 +151,8 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
     x = x.contiguous()
     dev = x.device
-    m_pad = m_pad_for(m)
     cfg = config
+    plan = launch_plan(m, top_k, cfg)
     interp = interpreting()
     decode = 1 if interp else cfg.decode  # no PTX in the interpreter
     mma = _layout_version(dev) if mma is None else mma
@@ -126,13 +167,16 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
                           top_k=top_k)
     if launches < 2:
         return None
-    dummy = x  # stands in for absent biases; never read (HAS_*BIAS=False)
-    moe_gate_up_kernel[(i // 64, min(e, m * top_k))](
+    dummy = x  # stands in for absent biases and unused buffers; never read
+    slots = min(e, m * top_k)
+    k_parts = plan.gate_up_k_parts
+    gate_up_sums = torch.empty((k_parts, slots, 2, i, m), dtype=torch.float32, device=dev) if k_parts > 1 else dummy
+    moe_gate_up_kernel[(i // 64, slots, k_parts)](
         x, w13, s13, b13 if b13 is not None else dummy,
-        h_buf, ids, experts, n_experts,
+        h_buf, ids, experts, n_experts, gate_up_sums, _counters(dev)[GATE_UP_COUNTERS:],
         m, x.stride(0), H=h, I=i,
-        TOPK=top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode, INTERPRET=interp,
-        num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
+        TOPK=top_k, M_PAD=plan.m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode,
+        INTERPRET=interp, K_PARTS=k_parts, num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
     if launches < 3:
         return None
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
@@ -142,8 +186,9 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         h_buf, ids, weights, experts, n_experts,
         w2, s2, b2 if b2 is not None else dummy, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
         m, out.stride(0), H=h, I=i,
-        TOPK=top_k, M_PAD=m_pad, C=cfg.down_c, MMA=mma, HAS_BIAS=b2 is not None,
-        DECODE=decode, INTERPRET=interp, SPLIT=split, num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)
+        TOPK=top_k, M_PAD=plan.m_pad, C=cfg.down_c, MMA=mma, HAS_BIAS=b2 is not None,
+        DECODE=decode, INTERPRET=interp, SPLIT=split, K_PARTS=plan.down_k_parts,
+        num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)
     if return_routing:
         return out, ids, weights
     return out

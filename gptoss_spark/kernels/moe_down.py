@@ -1,13 +1,17 @@
 """Fused decode MoE, stage 2 of 2: down GEMM on MXFP4 weights + bias + routing-weighted combine.
 
-Grid (H / 64 row blocks, SPLIT). Program (n, p) loops over the distinct
-experts p, p + SPLIT, ... that the router published and sums
-weight_k * (h_k @ W2_e^T + b2_e) for its 64 rows in fp32 registers. SPLIT = 1
-writes bf16 out directly. SPLIT > 1 writes fp32 partials [SPLIT, M, H]; the
-last of a row block's SPLIT programs to finish (an arrival counter per row
-block, as in the router kernel) adds them in a fixed order and writes bf16:
-deterministic, no zeroed buffer, no extra launch. The split exists because
-H / 64 alone is 45 programs, too few to keep enough bytes in flight.
+Grid (H / 64 row blocks, SPLIT). The SPLIT programs of a row block are
+SPLIT / K_PARTS expert groups x K_PARTS shares of K: program (n, p) loops over
+the distinct experts g, g + SPLIT / K_PARTS, ... (g = p // K_PARTS) that the
+router published and sums weight_k * (h_k @ W2_e^T + b2_e) over its share of
+K (p % K_PARTS) for its 64 rows in fp32 registers. SPLIT = 1 writes bf16 out
+directly. SPLIT > 1 writes fp32 partials [SPLIT, M, H]; the last of a row
+block's SPLIT programs to finish (an arrival counter per row block,
+arrival.py) adds them in a fixed order and writes bf16: deterministic, no
+zeroed buffer, no extra launch. The split exists because H / 64 alone is 45
+programs, too few to keep enough bytes in flight; the K shares exist because
+one token selects only 4 experts, so without them half of a split of 8 would
+idle while the other half read a whole expert each (moe.launch_plan).
 
 h rows are read without masks: a token not routed to the expert reads its
 slot-0 row (written by stage 1, finite) and is weighted 0; padding columns
@@ -20,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
-from .mxfp4_decode import mxfp4_block_dot
+from .mxfp4_decode import mxfp4_rows_dot
 from .routing import tokens_of_expert
 
 
@@ -31,7 +35,7 @@ def moe_down_kernel(
     M, stride_om,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr, HAS_BIAS: tl.constexpr,
-    DECODE: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr = 1,
+    DECODE: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr = 1, K_PARTS: tl.constexpr = 1,
 ):
     KB: tl.constexpr = I // 64
     RB: tl.constexpr = H // 64
@@ -40,14 +44,15 @@ def moe_down_kernel(
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     offs_n = pid_n * 64 + tl.arange(0, 64)
-    offs_k = tl.arange(0, C * 64)
     row_ok = (offs_m < M)[:, None]
     ids = tl.load(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], mask=row_ok, other=-1)
     weights = tl.load(weights_ptr + offs_m[:, None] * TOPK + offs_t[None, :], mask=row_ok, other=0.0)
     token = tl.where(offs_m < M, offs_m, 0)
     n_experts = tl.load(n_experts_ptr)
+    KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # 64-k blocks per share of K
+    k_part = pid_split % K_PARTS
     out = tl.zeros((64, M_PAD), dtype=tl.float32)
-    for s in range(pid_split, n_experts, SPLIT):
+    for s in range(pid_split // K_PARTS, n_experts, SPLIT // K_PARTS):
         expert = tl.load(experts_ptr + s).to(tl.int64)
         routed, token_slot = tokens_of_expert(ids, expert.to(tl.int32), M, M_PAD, TOPK)
         token_weight = tl.sum(tl.where(offs_t[None, :] == token_slot[:, None], weights, 0.0), axis=1)
@@ -55,16 +60,18 @@ def moe_down_kernel(
         h_rows = h_ptr + (token * TOPK + token_slot) * I
         blk = (expert * RB + pid_n) * KB
         acc = tl.zeros((64, M_PAD), dtype=tl.float32)
-        for c0 in range(0, KB - KB % C, C):
-            ht = tl.load(h_rows[None, :] + (c0 * 64 + offs_k)[:, None])
-            acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, ht, acc,
-                                  C, MMA, DECODE, INTERPRET)
-        for c0 in tl.static_range(KB - KB % C, KB):
-            ht = tl.load(h_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
-            acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, ht, acc,
-                                  1, MMA, DECODE, INTERPRET)
+        for p in tl.static_range(K_PARTS):
+            # A copy of the K loop per share, with constant trip counts: with run-time
+            # bounds the pipelined loop took 246 registers at K_PARTS = 2 (these: 164),
+            # which leaves room for only 2 programs per SM.
+            if k_part == p:
+                acc = mxfp4_rows_dot(w_ptr, s_ptr, blk, h_rows, p * KBP, KB if (p + 1) * KBP > KB else (p + 1) * KBP,
+                                     acc, C, MMA, DECODE, INTERPRET)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + expert * H + offs_n).to(tl.float32)[:, None]
+            bias = tl.load(b_ptr + expert * H + offs_n).to(tl.float32)
+            if K_PARTS > 1:  # once per expert: by the share that holds k = 0
+                bias = tl.where(k_part == 0, bias, 0.0)
+            acc += bias[:, None]
         out += acc * token_weight[None, :]
     store_mask = (offs_m < M)[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]

@@ -8,6 +8,13 @@ expert's weights are read once however many tokens chose it), then writes
 h = swiglu(gate, up) in bf16 for the tokens routed to that expert. Slots past
 the number of distinct experts exit at once.
 
+With K_PARTS > 1 (one token, moe.launch_plan) the grid is (I / 64, slots,
+K_PARTS) and each program takes one share of K: one token selects only 4
+experts, 180 programs whose every 64-k block is one more memory round trip in
+a dependent chain; shares halve the chain. Each share stores its fp32 sums
+and the last to finish (arrival.py) adds them in a fixed order and applies
+bias + SwiGLU.
+
 Weights are in the kernels' layout (mxfp4_layout.py): gate rows first, then
 up rows, so gate block b is row block b and up block b is row block I/64 + b.
 Activations are read without masks: padding token columns point at row 0
@@ -19,6 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import mxfp4_block_dot
 from .routing import tokens_of_expert
 
@@ -26,21 +34,63 @@ SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
 
 
+@triton.jit
+def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                  I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """bias + SwiGLU of one row block's gate/up sums; h (bf16) for the tokens routed to the expert."""
+    offs_m = tl.arange(0, M_PAD)
+    offs_i = pid_b * 64 + tl.arange(0, 64)
+    if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
+        b_base = b_ptr + expert * (2 * I)
+        acc_gate += tl.load(b_base + offs_i).to(tl.float32)[:, None]
+        acc_up += tl.load(b_base + I + offs_i).to(tl.float32)[:, None]
+    gate = tl.minimum(acc_gate, LIMIT)
+    up = tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT)
+    h = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+    # h is [M, TOPK, I]: token m's k-th expert output row.
+    h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
+    tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])
+
+
+@triton.jit
+def _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, k_lo: tl.constexpr, k_hi: tl.constexpr,
+                 acc_gate, acc_up, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """acc_gate/acc_up [64, M_PAD] += the gate/up row block over 64-k blocks k_lo..k_hi; one x tile feeds both."""
+    offs_k = tl.arange(0, C * 64)
+    for c0 in range(k_lo, k_hi - (k_hi - k_lo) % C, C):
+        xt = tl.load(x_rows[None, :] + (c0 * 64 + offs_k)[:, None])
+        acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
+                                   acc_gate, C, MMA, DECODE, INTERPRET)
+        acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
+                                 C, MMA, DECODE, INTERPRET)
+    for c0 in tl.static_range(k_hi - (k_hi - k_lo) % C, k_hi):  # the blocks left over when C does not divide
+        xt = tl.load(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
+        acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
+                                   acc_gate, 1, MMA, DECODE, INTERPRET)
+        acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
+                                 1, MMA, DECODE, INTERPRET)
+    return acc_gate, acc_up
+
+
 @triton.jit(do_not_specialize=["M"])
 def moe_gate_up_kernel(
     x_ptr,
     w_ptr, s_ptr, b_ptr,
-    h_ptr, ids_ptr, experts_ptr, n_experts_ptr,
+    h_ptr, ids_ptr, experts_ptr, n_experts_ptr, partial_ptr, counter_ptr,
     M, stride_xm,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
-    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, K_PARTS: tl.constexpr = 1,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
 ):
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
+    KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # per share of K
     RB: tl.constexpr = I // 64           # row blocks of gate (and of up)
     pid_b = tl.program_id(0)
     slot = tl.program_id(1)
+    k_part = tl.program_id(2)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     n_experts = tl.load(n_experts_ptr)
@@ -51,29 +101,36 @@ def moe_gate_up_kernel(
         gate_blk = expert * (2 * RB * KB) + pid_b * KB
         up_blk = gate_blk + RB * KB
         x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm
-        offs_k = tl.arange(0, C * 64)
         acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
         acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-        for c0 in range(0, KB - KB % C, C):
-            xt = tl.load(x_rows[None, :] + (c0 * 64 + offs_k)[:, None])
-            acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt, acc_gate,
-                                       C, MMA, DECODE, INTERPRET)
-            acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
-                                     C, MMA, DECODE, INTERPRET)
-        for c0 in tl.static_range(KB - KB % C, KB):  # the blocks left over when C does not divide KB
-            xt = tl.load(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
-            acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt, acc_gate,
-                                       1, MMA, DECODE, INTERPRET)
-            acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
-                                     1, MMA, DECODE, INTERPRET)
-        offs_i = pid_b * 64 + tl.arange(0, 64)
-        if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
-            b_base = b_ptr + expert * (2 * I)
-            acc_gate += tl.load(b_base + offs_i).to(tl.float32)[:, None]
-            acc_up += tl.load(b_base + I + offs_i).to(tl.float32)[:, None]
-        gate = tl.minimum(acc_gate, LIMIT)
-        up = tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT)
-        h = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
-        # h is [M, TOPK, I]: token m's k-th expert output row.
-        h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
-        tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])
+        if K_PARTS == 1:  # (a run-time branch around the loop costs it 9 registers)
+            acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
+                                            acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+        else:
+            for p in tl.static_range(K_PARTS):
+                # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
+                if k_part == p:
+                    acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
+                                                    KB if (p + 1) * KBP > KB else (p + 1) * KBP,
+                                                    acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+        if K_PARTS == 1:
+            _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
+        else:
+            # fp32 sums [K_PARTS, slots, 2 (gate, up), I, M]; the last share to finish adds them.
+            offs_i = pid_b * 64 + tl.arange(0, 64)
+            m_ok = (offs_m < M)[None, :]
+            part = partial_ptr + (slot * 2 * I + offs_i[:, None]) * M + offs_m[None, :]
+            stride_part = tl.num_programs(1) * 2 * I * M
+            tl.store(part + k_part * stride_part, acc_gate, mask=m_ok)
+            tl.store(part + k_part * stride_part + I * M, acc_up, mask=m_ok)
+            counter = counter_ptr + slot * RB + pid_b
+            if last_to_arrive(counter, K_PARTS):
+                acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
+                acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
+                for q in tl.static_range(K_PARTS):  # fixed order: the same sum whichever share is last
+                    acc_gate += tl.load(part + q * stride_part, mask=m_ok, other=0.0, cache_modifier=".cg")
+                    acc_up += tl.load(part + q * stride_part + I * M, mask=m_ok, other=0.0, cache_modifier=".cg")
+                _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                              I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
+                reset_arrivals(counter)

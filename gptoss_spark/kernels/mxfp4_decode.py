@@ -151,3 +151,25 @@ def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexp
     else:
         h0, h1 = decode_portable(q, factor, R)
     return dot_bf16(to_fragment_order(h0, h1, C, MMA), x_tile, acc, INTERPRET)
+
+
+@triton.jit
+def mxfp4_rows_dot(w_ptr, s_ptr, blk, act_rows, k_lo: tl.constexpr, k_hi: tl.constexpr, acc, C: tl.constexpr,
+                   MMA: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc [64, M_PAD] += W[one row block, 64-k blocks k_lo..k_hi) @ act[those k, M_PAD token columns].
+
+    blk is the index of the row block's first 64x64 block (the blocks of a row
+    block are consecutive); act_rows [M_PAD] points at each token column's
+    activation row. C blocks per loop iteration, then the blocks left over one
+    at a time. The bounds are constexpr: run-time bounds cost the pipelined
+    loop ~80 registers (moe_down.py). The leftover blocks are a loop, not
+    unrolled: unrolling 3 of them took 40 more registers.
+    """
+    offs_k = tl.arange(0, C * 64)
+    for c0 in range(k_lo, k_hi - (k_hi - k_lo) % C, C):
+        at = tl.load(act_rows[None, :] + (c0 * 64 + offs_k)[:, None])
+        acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, at, acc, C, MMA, DECODE, INTERPRET)
+    for c0 in range(k_hi - (k_hi - k_lo) % C, k_hi):
+        at = tl.load(act_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
+        acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, at, acc, 1, MMA, DECODE, INTERPRET)
+    return acc

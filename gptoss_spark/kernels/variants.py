@@ -2,9 +2,11 @@
 
 A Triton kernel is compiled once per set of constexprs and argument
 specializations. The decode kernels fix M out of the specialization
-(do_not_specialize) and bucket tokens into M_PAD 16 or 32, so the variants
-are the model shapes x the two buckets. Both gpt-oss models are listed: a
-profile may point at either, and compiling both takes seconds.
+(do_not_specialize); what M changes is the launch plan (moe.launch_plan):
+the M_PAD bucket (16 or 32) and, at the fewest tokens, how gate_up and down
+divide their work. The variants are the model shapes x the distinct plans.
+Both gpt-oss models are listed: a profile may point at either, and compiling
+both takes seconds.
 """
 
 from __future__ import annotations
@@ -26,5 +28,9 @@ GPT_OSS_120B = MoeShape("gpt-oss-120b", experts=128, hidden=2880, intermediate=2
 GPT_OSS_20B = MoeShape("gpt-oss-20b", experts=32, hidden=2880, intermediate=2880, top_k=4)
 MODEL_SHAPES = (GPT_OSS_120B, GPT_OSS_20B)
 
-# One token count per M_PAD bucket (16 and 32); M itself is not specialized.
-TOKEN_BUCKETS = (1, 32)
+
+
+def token_counts(shape: MoeShape) -> list[int]:
+    """One token count per distinct launch plan: launching each compiles every variant the shape needs."""
+    from .moe import distinct_plans  # torch-free callers (the CLI's argument parsing) import this module
+    return sorted(distinct_plans(shape.top_k).values())

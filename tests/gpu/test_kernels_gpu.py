@@ -73,10 +73,11 @@ def test_router_logits_op(m):
     torch.testing.assert_close(got, reference.router_logits_ref(x, rw, rb), rtol=1e-4, atol=1e-4)
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("m", [1, 4])  # 1: the few-token plan, whose arrival counters must reset per replay
+def test_cuda_graph_capture_and_replay(m):
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
-    ckpt = make_block(128, 4)
+    ckpt = make_block(128, m)
     x, *rest = kernel_args(ckpt)
     static_x = x.clone()
     op = torch.ops.gptoss_spark.moe_decode
@@ -155,6 +156,19 @@ def test_decode_variants_match_reference(decode, m):
     from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
     args = make_block(128, m, seed=100 + m)
     out = fused_moe_decode(*kernel_args(args), 4, replace(DEFAULT_CONFIG, decode=decode))
+    assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
+
+
+@pytest.mark.parametrize("m,change", [(2, {"few_tokens_max": 2}), (1, {"few_tokens_gate_up_k_parts": 3}),
+                                      (1, {"down_k_parts": False, "few_tokens_max": 0})])
+def test_launch_plan_options_match_reference(m, change):
+    """The launch plans the benchmark sweeps (moe.launch_plan), beyond the default's."""
+    from dataclasses import replace
+
+    from gptoss_spark.kernels import reference
+    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
+    args = make_block(128, m, seed=300 + m)
+    out = fused_moe_decode(*kernel_args(args), 4, replace(DEFAULT_CONFIG, **change))
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 

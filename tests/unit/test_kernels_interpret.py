@@ -109,6 +109,21 @@ def test_k_loop_tail_and_both_layouts(k, mma):
 
 
 @child_only
+@pytest.mark.parametrize("top_k,gate_up_parts,down_parts", [(2, 3, 4), (4, 2, 2)])
+@pytest.mark.parametrize("mma", [3, 2])
+def test_one_token_plan_shares_k(k, top_k, gate_up_parts, down_parts, mma):
+    """One token: both expert kernels share K among programs. K = 192 is 3 blocks: over 4 shares one
+    share is empty; over 2, one share is a loop iteration of C = 2 and the other a tail block."""
+    cfg = k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=2, down_c=2, down_split=8,
+                                few_tokens_gate_up_k_parts=gate_up_parts)
+    plan = k.moe.launch_plan(1, top_k, cfg)
+    assert (plan.gate_up_k_parts, plan.down_k_parts) == (gate_up_parts, down_parts)
+    args = make_block(k, 8, 1, True, seed=21 + top_k + mma, h=192, i=192)
+    out = k.moe.fused_moe_decode(*kernel_args(k, args, mma), top_k, cfg, mma=mma)
+    assert rel_err(out, k.reference.moe_block_ref(*args, top_k)) < INTERPRETER_TOL
+
+
+@child_only
 @pytest.mark.parametrize("m", [1, 2, 4, 32])
 def test_router_logits(k, m):
     x, rw, rb, *_ = make_block(k, 32, m, True, seed=m)

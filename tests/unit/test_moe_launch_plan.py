@@ -1,0 +1,49 @@
+"""moe.launch_plan: which kernel variants a call with m tokens runs (host logic, no GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gptoss_spark.kernels.moe import DEFAULT_CONFIG, distinct_plans, launch_plan  # noqa: E402
+from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts  # noqa: E402
+
+
+def test_one_token_shares_k_in_both_expert_kernels():
+    """One token, top-4: 4 experts for a down split of 8, so each expert's K is shared by 2 programs."""
+    p = launch_plan(1, 4)
+    assert (p.m_pad, p.gate_up_k_parts, p.down_k_parts) == (16, DEFAULT_CONFIG.few_tokens_gate_up_k_parts, 2)
+    assert p.gate_up_k_parts > 1
+
+
+def test_enough_experts_for_the_split_means_the_plain_plan():
+    for m in (2, 3, 16):
+        p = launch_plan(m, 4)
+        assert (p.gate_up_k_parts, p.down_k_parts) == (1, 1), m
+    assert launch_plan(32, 4).m_pad == 32
+
+
+def test_k_shares_are_a_power_of_two_dividing_the_split():
+    assert launch_plan(1, 2).down_k_parts == 4            # 2 experts, split 8
+    assert launch_plan(1, 1, replace(DEFAULT_CONFIG, down_split=6)).down_k_parts == 2  # 6 = 2 x 3
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, down_split=1)).down_k_parts == 1
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, down_k_parts=False)).down_k_parts == 1
+
+
+def test_few_token_plan_follows_the_token_limit():
+    cfg = replace(DEFAULT_CONFIG, few_tokens_max=2, few_tokens_gate_up_k_parts=3)
+    assert [launch_plan(m, 4, cfg).gate_up_k_parts for m in (1, 2, 3)] == [3, 3, 1]
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, few_tokens_max=0)).gate_up_k_parts == 1
+
+
+def test_aot_token_counts_cover_every_plan():
+    """The AOT build launches one token count per distinct plan; every m in 1..32 maps to one of them."""
+    counts = token_counts(GPT_OSS_120B)
+    assert counts == [1, 2, 17]
+    plans = distinct_plans(4)
+    assert {launch_plan(m, 4) for m in range(1, 33)} == set(plans)
+    assert sorted(plans.values()) == counts
