@@ -140,7 +140,7 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
 def _plan_name(shape: MoeShape, m: int) -> str:
     from .moe import launch_plan
     p = launch_plan(m, shape.top_k)
-    return f"M={m} (M_PAD={p.m_pad}, K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})"
+    return f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})"
 
 
 def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
@@ -164,7 +164,8 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
                                 "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
          dict(M_PAD=m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
               SPLIT_K=n_split,
-              FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False), dict(num_warps=4, num_stages=3)),
+              FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False, TOPK_ROWS=plan.topk_rows),
+         dict(num_warps=4, num_stages=3)),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",

@@ -19,7 +19,7 @@ from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
 from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
 from .runtime import interpreting
-from .router_logits import m_pad_for, router_logits_partial
+from .router_logits import m_pad_for, router_logits_partial, topk_rows_for
 
 MAX_DECODE_TOKENS = 32
 
@@ -33,6 +33,7 @@ class MoeLaunchConfig:
     blocks one loop iteration takes.
     """
     router_split_k: int = 9
+    router_topk_min_rows: int = 4  # router_logits.topk_rows_for
     router_block_e: int = 16
     router_block_k: int = 64
     gate_up_c: int = 4
@@ -60,6 +61,7 @@ DEFAULT_CONFIG = MoeLaunchConfig()
 class LaunchPlan:
     """What a call with m tokens compiles and launches: each distinct plan is one set of kernel variants."""
     m_pad: int            # token columns of the tensor-core tile (router_logits.m_pad_for)
+    topk_rows: int        # rows of the router's top-k tile (router_logits.topk_rows_for)
     gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
     down_k_parts: int     # shares of K per expert among the down split's programs
 
@@ -76,7 +78,7 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) ->
         while config.down_split % (2 * parts) == 0 and 2 * parts * m * top_k <= config.down_split:
             parts *= 2
     gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
-    return LaunchPlan(m_pad_for(m), gate_up_parts, parts)
+    return LaunchPlan(m_pad_for(m), topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts)
 
 
 def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> dict[LaunchPlan, int]:
@@ -164,7 +166,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
                           block_k=cfg.router_block_k,
                           routing=(ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:]),
-                          top_k=top_k)
+                          top_k=top_k, topk_rows=plan.topk_rows)
     if launches < 2:
         return None
     dummy = x  # stands in for absent biases and unused buffers; never read

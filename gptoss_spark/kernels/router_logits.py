@@ -34,7 +34,7 @@ def router_logits_kernel(
     stride_xm, stride_we,
     M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr = 1, FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
-    INTERPRET: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False, TOPK_ROWS: tl.constexpr = 16,
 ):
     pid_e = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -65,7 +65,7 @@ def router_logits_kernel(
         # The last program to finish reads every partial and publishes the routing (arrival.py).
         if last_to_arrive(counter_ptr, tl.num_programs(0) * SPLIT_K):
             publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
-                            M, E, SPLIT_K, M_PAD, E_PAD, TOPK)
+                            M, E, SPLIT_K, TOPK_ROWS, E_PAD, TOPK)
             reset_arrivals(counter_ptr)
 
 
@@ -78,10 +78,17 @@ def m_pad_for(m: int) -> int:
     raise ValueError(f"decode kernels take at most 32 tokens, got {m}")
 
 
+def topk_rows_for(m: int, min_rows: int = 4) -> int:
+    """Rows of the top-k's [rows, E] tile: a power of two >= m, at least min_rows. 4 gives each of
+    the 4 warps whole rows (a row's reductions stay inside one warp); at M <= 4 the top-k then
+    runs a third of the instructions it would over the 16-row tensor-core bucket."""
+    return max(min_rows, triton.next_power_of_2(m))
+
+
 def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split_k: int = 9,
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
                           num_stages: int = 3, out: torch.Tensor | None = None,
-                          routing: tuple | None = None, top_k: int = 4) -> torch.Tensor:
+                          routing: tuple | None = None, top_k: int = 4, topk_rows: int | None = None) -> torch.Tensor:
     """x [M, H] bf16, weight [E, H] bf16, bias [E] -> partial logits fp32 [splits, M, E]; their sum is the logits.
 
     split_k=1 gives the logits themselves ([1, M, E]) in one launch. routing =
@@ -101,6 +108,7 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         m, e, k, k_per_split, x.stride(0), weight.stride(0),
         M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         FUSE_TOPK=routing is not None, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpreting(),
+        TOPK_ROWS=topk_rows or topk_rows_for(m),
         num_warps=num_warps, num_stages=num_stages)
     return out
 

@@ -124,6 +124,30 @@ def test_one_token_plan_shares_k(k, top_k, gate_up_parts, down_parts, mma):
 
 
 @child_only
+@pytest.mark.parametrize("m,min_rows", [(1, 4), (3, 4), (6, 4), (2, 16)])
+def test_topk_rows_route_like_the_reference(k, m, min_rows):
+    """The router's top-k over max(min_rows, M) rows (router_logits.topk_rows_for): ids and weights
+    as the reference, and exact ties go to the lower expert index."""
+    x, rw, rb, *rest = make_block(k, 16, m, True, seed=50 + m)
+    # Token 0 is zero, so its logits are the biases exactly (a dot's rounding could split a tie):
+    # experts 4 and 9 tie at the top and 4 must come first.
+    x = x.clone()
+    x[0] = 0.0
+    rb = rb.clone()
+    rb[4] = rb[9] = rb.max() + 1
+    cfg = k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=1, down_c=1, down_split=1,
+                                router_topk_min_rows=min_rows)
+    assert k.moe.launch_plan(m, 4, cfg).topk_rows == max(min_rows, 1 << (m - 1).bit_length())
+    _, ids, weights = k.moe.fused_moe_decode(*kernel_args(k, (x, rw, rb, *rest)), 4, cfg, return_routing=True, mma=3)
+    logits = k.reference.router_logits_ref(x, rw, rb)
+    # torch.topk leaves the order of ties open; a stable sort puts the lower index first
+    values, order = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+    assert ids[0, 0].item() == 4 and ids[0, 1].item() == 9, ids[0]
+    assert torch.equal(ids, order[:, :4].to(torch.int32))
+    torch.testing.assert_close(weights, torch.softmax(values[:, :4], dim=-1), rtol=1e-5, atol=1e-6)
+
+
+@child_only
 @pytest.mark.parametrize("m", [1, 2, 4, 32])
 def test_router_logits(k, m):
     x, rw, rb, *_ = make_block(k, 32, m, True, seed=m)

@@ -27,6 +27,11 @@ def test_enough_experts_for_the_split_means_the_plain_plan():
     assert launch_plan(32, 4).m_pad == 32
 
 
+def test_topk_rows_hold_the_tokens_in_whole_rows_per_warp():
+    assert [launch_plan(m, 4).topk_rows for m in (1, 4, 5, 8, 9, 17, 32)] == [4, 4, 8, 8, 16, 32, 32]
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, router_topk_min_rows=16)).topk_rows == 16
+
+
 def test_k_shares_are_a_power_of_two_dividing_the_split():
     assert launch_plan(1, 2).down_k_parts == 4            # 2 experts, split 8
     assert launch_plan(1, 1, replace(DEFAULT_CONFIG, down_split=6)).down_k_parts == 2  # 6 = 2 x 3
@@ -43,7 +48,7 @@ def test_few_token_plan_follows_the_token_limit():
 def test_aot_token_counts_cover_every_plan():
     """The AOT build launches one token count per distinct plan; every m in 1..32 maps to one of them."""
     counts = token_counts(GPT_OSS_120B)
-    assert counts == [1, 2, 17]
+    assert counts == [1, 2, 5, 9, 17]  # K shares at 1; top-k rows 4, 8, 16, 32 from 2, 5, 9, 17
     plans = distinct_plans(4)
     assert {launch_plan(m, 4) for m in range(1, 33)} == set(plans)
     assert sorted(plans.values()) == counts
