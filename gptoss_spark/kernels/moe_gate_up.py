@@ -10,10 +10,10 @@ the number of distinct experts exit at once.
 
 With K_PARTS > 1 (one token, moe.launch_plan) the grid is (I / 64, slots,
 K_PARTS) and each program takes one share of K: one token selects only 4
-experts, 180 programs whose every 64-k block is one more memory round trip in
-a dependent chain; shares halve the chain. Each share stores its fp32 sums
-and the last to finish (arrival.py) adds them in a fixed order and applies
-bias + SwiGLU.
+experts, 180 programs for 132 SMs, each a long chain of dependent loop
+iterations; 2 shares make 360 programs of half the chain (-1.7 us per layer on
+the H200, docs/KERNELS.md). Each share stores its fp32 sums and the last to
+finish (arrival.py) adds them in a fixed order and applies bias + SwiGLU.
 
 Weights are in the kernels' layout (mxfp4_layout.py): gate rows first, then
 up rows, so gate block b is row block b and up block b is row block I/64 + b.
@@ -103,9 +103,11 @@ def moe_gate_up_kernel(
         x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm
         acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
         acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-        if K_PARTS == 1:  # (a run-time branch around the loop costs it 9 registers)
+        if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
             acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
                                             acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+            _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
         else:
             for p in tl.static_range(K_PARTS):
                 # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
@@ -113,10 +115,6 @@ def moe_gate_up_kernel(
                     acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
                                                     KB if (p + 1) * KBP > KB else (p + 1) * KBP,
                                                     acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
-        if K_PARTS == 1:
-            _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
-        else:
             # fp32 sums [K_PARTS, slots, 2 (gate, up), I, M]; the last share to finish adds them.
             offs_i = pid_b * 64 + tl.arange(0, 64)
             m_ok = (offs_m < M)[None, :]
