@@ -34,9 +34,9 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss_spark.kernels import mxfp4  # noqa: E402
-from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, fused_moe_decode  # noqa: E402
+from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, fused_moe_decode, launch_plan  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import SwizzledExperts, mma_layout_for  # noqa: E402
-from gptoss_spark.kernels.router_logits import router_logits_partial, topk_rows_for  # noqa: E402
+from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E402
 
 DEV = "cuda"
 H = I = 2880
@@ -254,11 +254,11 @@ def bench_router(cfg, ms=(1, 2, 4, 8, 16, 32)):
         tables = (torch.empty(m, TOPK, dtype=torch.int32, device=DEV), torch.empty(m, TOPK, device=DEV),
                   torch.empty(E, dtype=torch.int32, device=DEV), torch.empty(1, dtype=torch.int32, device=DEV),
                   torch.zeros(1, dtype=torch.int32, device=DEV))
+        topk_rows = launch_plan(m, TOPK, cfg).topk_rows  # as the layer launches it
         ours_split = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=cfg.router_split_k,
                                                                       block_e=cfg.router_block_e,
                                                                       block_k=cfg.router_block_k, routing=tables,
-                                                                      top_k=TOPK,
-                                                                      topk_rows=topk_rows_for(m, cfg.router_topk_min_rows))
+                                                                      top_k=TOPK, topk_rows=topk_rows)
                                for w, b in zip(ws, bs)]) * 1e3 / copies
         ours_one = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=1)
                              for w, b in zip(ws, bs)]) * 1e3 / copies

@@ -140,7 +140,8 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
 def _plan_name(shape: MoeShape, m: int) -> str:
     from .moe import launch_plan
     p = launch_plan(m, shape.top_k)
-    return f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})"
+    return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, "
+            f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})")
 
 
 def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
@@ -150,14 +151,13 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
     from .mxfp4_layout import mma_layout_for_capability
     from .moe_down import moe_down_kernel
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
-    from .router_logits import router_logits_kernel
+    from .router_logits import k_split, router_logits_kernel
     cfg = config or DEFAULT_CONFIG
     plan = launch_plan(m, shape.top_k, cfg)
     m_pad = plan.m_pad
     mma = mma_layout_for_capability(target.arch // 10)
     e_pad = triton.next_power_of_2(shape.experts)
-    k_per_split = triton.cdiv(triton.cdiv(shape.hidden, cfg.router_split_k), cfg.router_block_k) * cfg.router_block_k
-    n_split = triton.cdiv(shape.hidden, k_per_split)  # as router_logits_partial computes it
+    k_per_split, n_split = k_split(shape.hidden, cfg.router_split_k, cfg.router_block_k)
     jobs = [
         (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32",
                                 "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",

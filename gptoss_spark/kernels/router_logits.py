@@ -85,6 +85,12 @@ def topk_rows_for(m: int, min_rows: int = 4) -> int:
     return max(min_rows, triton.next_power_of_2(m))
 
 
+def k_split(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(K per program, programs along K) for a K split of about split_k ways in whole BLOCK_K steps."""
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    return k_per_split, triton.cdiv(k, k_per_split)
+
+
 def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split_k: int = 9,
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
                           num_stages: int = 3, out: torch.Tensor | None = None,
@@ -97,8 +103,7 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     m, k = x.shape
     e = weight.shape[0]
     m_pad = m_pad_for(m)
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)
+    k_per_split, split_k = k_split(k, split_k, block_k)
     if out is None:
         out = torch.empty((split_k, m, e), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(e, block_e), split_k)

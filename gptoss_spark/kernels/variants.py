@@ -29,7 +29,6 @@ GPT_OSS_20B = MoeShape("gpt-oss-20b", experts=32, hidden=2880, intermediate=2880
 MODEL_SHAPES = (GPT_OSS_120B, GPT_OSS_20B)
 
 
-
 def token_counts(shape: MoeShape) -> list[int]:
     """One token count per distinct launch plan: launching each compiles every variant the shape needs."""
     from .moe import distinct_plans  # torch-free callers (the CLI's argument parsing) import this module
