@@ -7,7 +7,7 @@ Writes DIR/bench_moe.json (every number) and DIR/bench_moe.md (the tables), prin
 What is timed, and how (see docs/KERNELS.md):
 - roofline: max of a 4 GiB fp32 copy (bytes read + written) and cuBLAS bf16 GEMV at the
   lm_head shape (1 x 2880 x 201088, weight bytes read).
-- one MoE layer = 3 launches (router, gate_up, down), captured in a CUDA graph over L
+- one MoE layer = 3 launches (router, gate_up, down; 2 where down is fused into gate_up), captured in a CUDA graph over L
   layers with distinct weights (so no layer's experts sit in L2), time / L.
 - forced routing: the router is set up so M tokens touch exactly D distinct experts;
   t(D) = fixed + per_expert * D is fitted by least squares per M.
@@ -21,6 +21,7 @@ What is timed, and how (see docs/KERNELS.md):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -147,19 +148,25 @@ def time_moe(layers, xs, cfg, routers=None, launches=3):
     return graph_ms(calls) * 1e3 / len(layers)
 
 
-def check_config(layer, cfg, m=4):
-    """Relative error of the fused path against the torch reference on one layer (fresh inputs)."""
+def check_config(layer, cfg, ms=(1, 2, 4, 8)):
+    """The worst relative error of the fused path against the torch reference on one layer (fresh inputs)."""
     from gptoss_spark.kernels import reference
-    x = torch.randn(m, H, device=DEV).bfloat16()
-    out = fused_moe_decode(x, layer.rw, layer.rb, *layer.experts(), TOPK, cfg)
-    ref = reference.moe_block_ref(x, *layer.args(), TOPK)
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    errs = []
+    for m in ms:
+        x = torch.randn(m, H, device=DEV).bfloat16()
+        out = fused_moe_decode(x, layer.rw, layer.rb, *layer.experts(), TOPK, cfg)
+        ref = reference.moe_block_ref(x, *layer.args(), TOPK)
+        errs.append(((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    return max(errs)
+
+
+SWEEP_TOKENS = (1, 2, 4, 8)
 
 
 def sweep(layers, log):
-    """Pick the launch config at M = 1, 2 and 8 (natural routing); returns the best config and every row."""
+    """Pick the launch config at M = 1, 2, 4 and 8 (natural routing); returns the best config and every row."""
     results = []
-    xs = {m: [torch.randn(m, H, device=DEV).bfloat16() for _ in layers] for m in (1, 2, 8)}
+    xs = {m: [torch.randn(m, H, device=DEV).bfloat16() for _ in layers] for m in SWEEP_TOKENS}
 
     def score(cfg):
         try:
@@ -168,9 +175,9 @@ def sweep(layers, log):
         except Exception as e:  # noqa: BLE001 - a config that fails to compile is just skipped
             log(f"  config failed: {cfg}: {str(e).splitlines()[0][:300]}")
             return math.inf
-        results.append({"config": cfg.__dict__, "t1_us": t[1], "t2_us": t[2], "t8_us": t[8], "rel_err": err})
-        log(f"  {describe(cfg)} -> M=1 {t[1]:.1f} us, M=2 {t[2]:.1f} us, M=8 {t[8]:.1f} us, rel_err {err:.1e}")
-        return t[1] + t[2] + t[8] if err < 5e-3 else math.inf
+        results.append({"config": cfg.__dict__, **{f"t{m}_us": t[m] for m in t}, "rel_err": err})
+        log(f"  {describe(cfg)} -> " + ", ".join(f"M={m} {t[m]:.1f} us" for m in t) + f", rel_err {err:.1e}")
+        return sum(t.values()) if err < 5e-3 else math.inf
 
     best, best_s = DEFAULT_CONFIG, math.inf
     # results/run6-10: C = 4 beat 1 and 2, 3 stages beat 2 and 4, a down split of 8 beat 4 and 16;
@@ -181,10 +188,10 @@ def sweep(layers, log):
     # splits of 5, 15, 45 (no gain): all removed. Kept: K shared among programs at one token in
     # gate_up (-1.7 us) and down (-2 us). run14: the router's top-k over max(4, M) rows, not the
     # 16 of the tensor-core bucket (-2.3 us, kept); one packed (logit, index) max per top-k round
-    # instead of a max and an argmax (+0.5 us, removed). The final sweep shows each piece beside
-    # the whole.
-    variants = [{}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False},
-                {"few_tokens_max": 0, "down_k_parts": False, "router_topk_min_rows": 16}]
+    # instead of a max and an argmax (+0.5 us, removed). run15-16: down fused into gate_up
+    # (moe_down_fused.py) up to fused_down_max_tokens tokens, and its row blocks per iteration.
+    variants = [{}, {"fused_down_max_tokens": 0}, {"fused_down_min_tokens": 2}, {"fused_down_max_tokens": 4},
+                {"fused_down_row_blocks": 2}]
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})
         s = score(cfg)
@@ -318,13 +325,20 @@ def main():
         log(f"best: {cfg.__dict__}  ({time.time() - t0:.0f} s)")
     res["config"] = cfg.__dict__
 
-    # where the time of one layer goes at one token: the launches timed cumulatively
+    # where the time of one layer goes at one token: the launches timed cumulatively; where the plan
+    # fuses down into gate_up (launch_plan.fused_down), launches 2 and 3 are both the whole layer,
+    # so the unfused plan is timed beside it
     log("## stages at M = 1 (natural routing): cumulative us per layer")
     xs1 = [torch.randn(1, H, device=DEV).bfloat16() for _ in layers]
-    stages = {n: time_moe(layers, xs1, cfg, launches=n) for n in (1, 2, 3)}
-    res["stages_M1_us"] = stages
-    log(f"  router + top-k {stages[1]:.1f} | + gate_up {stages[2]:.1f} (gate_up {stages[2] - stages[1]:.1f}) | "
-        f"+ down {stages[3]:.1f} (down {stages[3] - stages[2]:.1f})")
+    res["stages_M1_us"] = {}
+    for name, c in (("as configured", cfg), ("down not fused", dataclasses.replace(cfg, fused_down_max_tokens=0))):
+        stages = {n: time_moe(layers, xs1, c, launches=n) for n in (1, 2, 3)}
+        res["stages_M1_us"][name] = stages
+        log(f"  {name} ({'down fused' if launch_plan(1, TOPK, c).fused_down else '3 launches'}): "
+            f"router + top-k {stages[1]:.1f} | + gate_up {stages[2]:.1f} (gate_up {stages[2] - stages[1]:.1f}) | "
+            f"+ down {stages[3]:.1f} (down {stages[3] - stages[2]:.1f})")
+        if not launch_plan(1, TOPK, cfg).fused_down:
+            break
 
     # natural routing, M = 1..32
     log("## per-layer MoE time, natural routing (random x, random router), gpt-oss-120b shapes")
