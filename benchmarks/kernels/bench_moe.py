@@ -7,7 +7,7 @@ Writes DIR/bench_moe.json (every number) and DIR/bench_moe.md (the tables), prin
 What is timed, and how (see docs/KERNELS.md):
 - roofline: max of a 4 GiB fp32 copy (bytes read + written) and cuBLAS bf16 GEMV at the
   lm_head shape (1 x 2880 x 201088, weight bytes read).
-- one MoE layer = 3 launches (router, gate_up, down; 2 where down is fused into gate_up), captured in a CUDA graph over L
+- one MoE layer = 3 launches (router, gate_up, down), captured in a CUDA graph over L
   layers with distinct weights (so no layer's experts sit in L2), time / L.
 - forced routing: the router is set up so M tokens touch exactly D distinct experts;
   t(D) = fixed + per_expert * D is fitted by least squares per M.
@@ -21,7 +21,6 @@ What is timed, and how (see docs/KERNELS.md):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -188,10 +187,11 @@ def sweep(layers, log):
     # splits of 5, 15, 45 (no gain): all removed. Kept: K shared among programs at one token in
     # gate_up (-1.7 us) and down (-2 us). run14: the router's top-k over max(4, M) rows, not the
     # 16 of the tensor-core bucket (-2.3 us, kept); one packed (logit, index) max per top-k round
-    # instead of a max and an argmax (+0.5 us, removed). run15-16: down fused into gate_up
-    # (moe_down_fused.py) up to fused_down_max_tokens tokens, and its row blocks per iteration.
-    variants = [{}, {"fused_down_max_tokens": 0}, {"fused_down_min_tokens": 2}, {"fused_down_max_tokens": 4},
-                {"fused_down_row_blocks": 2}]
+    # instead of a max and an argmax (+0.5 us, removed). run15-18: down fused into gate_up at one
+    # and two tokens (-2.2 us at two, none at one; removed, docs/KERNELS.md). The sweep shows each
+    # piece beside the whole.
+    variants = [{}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False},
+                {"few_tokens_max": 0, "down_k_parts": False, "router_topk_min_rows": 16}]
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})
         s = score(cfg)
@@ -325,20 +325,13 @@ def main():
         log(f"best: {cfg.__dict__}  ({time.time() - t0:.0f} s)")
     res["config"] = cfg.__dict__
 
-    # where the time of one layer goes at one token: the launches timed cumulatively; where the plan
-    # fuses down into gate_up (launch_plan.fused_down), launches 2 and 3 are both the whole layer,
-    # so the unfused plan is timed beside it
+    # where the time of one layer goes at one token: the launches timed cumulatively
     log("## stages at M = 1 (natural routing): cumulative us per layer")
     xs1 = [torch.randn(1, H, device=DEV).bfloat16() for _ in layers]
-    res["stages_M1_us"] = {}
-    for name, c in (("as configured", cfg), ("down not fused", dataclasses.replace(cfg, fused_down_max_tokens=0))):
-        stages = {n: time_moe(layers, xs1, c, launches=n) for n in (1, 2, 3)}
-        res["stages_M1_us"][name] = stages
-        log(f"  {name} ({'down fused' if launch_plan(1, TOPK, c).fused_down else '3 launches'}): "
-            f"router + top-k {stages[1]:.1f} | + gate_up {stages[2]:.1f} (gate_up {stages[2] - stages[1]:.1f}) | "
-            f"+ down {stages[3]:.1f} (down {stages[3] - stages[2]:.1f})")
-        if not launch_plan(1, TOPK, cfg).fused_down:
-            break
+    stages = {n: time_moe(layers, xs1, cfg, launches=n) for n in (1, 2, 3)}
+    res["stages_M1_us"] = stages
+    log(f"  router + top-k {stages[1]:.1f} | + gate_up {stages[2]:.1f} (gate_up {stages[2] - stages[1]:.1f}) | "
+        f"+ down {stages[3]:.1f} (down {stages[3] - stages[2]:.1f})")
 
     # natural routing, M = 1..32
     log("## per-layer MoE time, natural routing (random x, random router), gpt-oss-120b shapes")

@@ -141,8 +141,7 @@ def _plan_name(shape: MoeShape, m: int) -> str:
     from .moe import launch_plan
     p = launch_plan(m, shape.top_k)
     return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, "
-            f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts}"
-            f"{', down fused into gate_up' if p.fused_down else ''})")
+            f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})")
 
 
 def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
@@ -170,12 +169,9 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",
-                              "counter_ptr": "*i32", "weights_ptr": "*fp32", "w2_ptr": "*u8", "s2_ptr": "*u8",
-                              "b2_ptr": "*bf16", "acc_ptr": "*fp32", "out_ptr": "*bf16", "finish_ptr": "*i32",
-                              "started_ptr": "*i32", "ready_ptr": "*i32"},
+                              "counter_ptr": "*i32"},
          dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma,
               HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, K_PARTS=plan.gate_up_k_parts,
-              FUSED_DOWN=plan.fused_down, HAS_DOWN_BIAS=shape.has_bias, DOWN_R=cfg.fused_down_row_blocks,
               ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT),
          dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
@@ -186,8 +182,6 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
               K_PARTS=plan.down_k_parts),
          dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages)),
     ]
-    if plan.fused_down:  # gate_up does down itself (moe_down_fused.py): no down launch
-        jobs.pop()
     ints = _int_args(shape, k_per_split)
     prefixes = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down"}
     out = []

@@ -7,9 +7,6 @@
   3. moe_down_kernel       down, bias, routing-weighted sum -> y; with a
                            split, each row block's last program adds the
                            partials                                       (moe_down.py)
-
-At the fewest tokens (launch_plan.fused_down) gate_up's programs do down
-themselves and there is no third launch (moe_down_fused.py).
 """
 
 from __future__ import annotations
@@ -51,10 +48,6 @@ class MoeLaunchConfig:
     few_tokens_gate_up_k_parts: int = 2
     # When fewer experts can be selected than the down split, its spare programs take shares of K.
     down_k_parts: bool = True
-    # From/up to this many tokens gate_up's programs also do down (moe_down_fused.py): two launches, not three.
-    fused_down_min_tokens: int = 1
-    fused_down_max_tokens: int = 2
-    fused_down_row_blocks: int = 4  # output row blocks per iteration of the fused down (a power of two)
     # mxfp4_decode.py: 1 portable (interpreter), 2 inline PTX (GPU only)
     decode: int = 2
 
@@ -71,7 +64,6 @@ class LaunchPlan:
     topk_rows: int        # rows of the router's top-k tile (router_logits.topk_rows_for)
     gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
     down_k_parts: int     # shares of K per expert among the down split's programs
-    fused_down: bool = False  # gate_up's programs do down too; no down launch (moe_down_fused.py)
 
 
 def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> LaunchPlan:
@@ -86,11 +78,7 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) ->
         while config.down_split % (2 * parts) == 0 and 2 * parts * m * top_k <= config.down_split:
             parts *= 2
     gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
-    # The fused down's K-share protocol takes two shares (moe_down_fused.py); more run unfused.
-    fused = config.fused_down_min_tokens <= m <= config.fused_down_max_tokens and gate_up_parts <= 2
-    if fused:
-        parts = 1  # no down kernel to share K in
-    return LaunchPlan(m_pad_for(m), topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts, fused)
+    return LaunchPlan(m_pad_for(m), topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts)
 
 
 def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> dict[LaunchPlan, int]:
@@ -103,13 +91,9 @@ def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> dict
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 ROUTER_COUNTER = 0      # the router kernel's arrival counter
-FINISH_COUNTER = 1      # the fused down's: every (expert, row block) of gate_up arrives (moe_down_fused.py)
-DOWN_COUNTERS = 2       # then one per down row block (H / 64 <= 126)
+DOWN_COUNTERS = 1       # then one per down row block (H / 64 <= 127)
 GATE_UP_COUNTERS = 128  # then one per (expert slot, gate_up row block) when gate_up shares K
-PAIRS = 128 * 64        # up to 128 slots x 64 row blocks (I <= 4096)
-STARTED_COUNTERS = GATE_UP_COUNTERS + PAIRS  # fused down with two shares: how many of the two started
-READY_FLAGS = STARTED_COUNTERS + PAIRS       # and the flag the last share sets when h is ready
-N_COUNTERS = READY_FLAGS + PAIRS
+N_COUNTERS = GATE_UP_COUNTERS + 128 * 64  # up to 128 slots x 64 row blocks (I <= 4096)
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -122,20 +106,6 @@ def _counters(device: torch.device) -> torch.Tensor:
     if device not in _COUNTERS:
         _COUNTERS[device] = torch.zeros((N_COUNTERS,), dtype=torch.int32, device=device)
     return _COUNTERS[device]
-
-
-_ACCUMULATORS: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def _accumulator(device: torch.device, h: int) -> torch.Tensor:
-    """The fused down's fp32 sums [MAX_DECODE_TOKENS, H]: zero between calls (its last program re-zeroes them).
-
-    Allocated at the first call, like the counters, so CUDA graphs use the same memory.
-    """
-    key = (device, h)
-    if key not in _ACCUMULATORS:
-        _ACCUMULATORS[key] = torch.zeros((MAX_DECODE_TOKENS, h), dtype=torch.float32, device=device)
-    return _ACCUMULATORS[key]
 
 
 _LAYOUTS: dict[torch.device, int] = {}
@@ -160,7 +130,7 @@ def check_shapes(x, router_w, w13, s13, w2, s2, top_k: int) -> tuple[int, int, i
         raise ValueError(f"expert tensors {tuple(w13.shape)}/{tuple(s13.shape)}/{tuple(w2.shape)}/{tuple(s2.shape)} "
                          f"are not the kernels' layout for E={e} H={h} (repack with mxfp4_layout.SwizzledExperts)")
     max_slots = min(e, MAX_DECODE_TOKENS * top_k)
-    if h // 64 > GATE_UP_COUNTERS - DOWN_COUNTERS or max_slots * (i // 64) > PAIRS:
+    if h // 64 > GATE_UP_COUNTERS - DOWN_COUNTERS or max_slots * (i // 64) > N_COUNTERS - GATE_UP_COUNTERS:
         raise ValueError(f"hidden {h} / experts {e} x intermediate {i}: more than the kernels' arrival counters "
                          f"cover (moe.N_COUNTERS)")
     if top_k not in (1, 2, 4, 8) or top_k > e:
@@ -178,7 +148,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     Experts in the kernels' layout: w13/s13/b13/w2/s2/b2 as in mxfp4_layout.SwizzledExperts,
     repacked for this device's layout version (mma_layout_for; `mma` overrides it, for tests).
     launches < 3 stops after the router (1) or gate_up (2) and returns None: the benchmark
-    times the stages so. Where the plan fuses down into gate_up, launches=2 is the whole layer.
+    times the stages so.
     """
     m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
     x = x.contiguous()
@@ -188,9 +158,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     interp = interpreting()
     decode = 1 if interp else cfg.decode  # no PTX in the interpreter
     mma = _layout_version(dev) if mma is None else mma
-    k_parts = plan.gate_up_k_parts
-    fused = plan.fused_down
-    h_buf = None if fused else torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)  # down's input
+    h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
     ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
     weights = torch.empty((m, top_k), dtype=torch.float32, device=dev)
     experts = torch.empty((e,), dtype=torch.int32, device=dev)
@@ -203,30 +171,22 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         return None
     dummy = x  # stands in for absent biases and unused buffers; never read
     slots = min(e, m * top_k)
+    k_parts = plan.gate_up_k_parts
     gate_up_sums = torch.empty((k_parts, slots, 2, i, m), dtype=torch.float32, device=dev) if k_parts > 1 else dummy
-    out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
-    counters = _counters(dev)
-    # fused down with K shares: a row block's shares side by side in launch order (moe_gate_up.py)
-    grid = (k_parts * (i // 64), slots, 1) if fused and k_parts > 1 else (i // 64, slots, k_parts)
-    moe_gate_up_kernel[grid](
+    moe_gate_up_kernel[(i // 64, slots, k_parts)](
         x, w13, s13, b13 if b13 is not None else dummy,
-        h_buf if h_buf is not None else dummy, ids, experts, n_experts, gate_up_sums, counters[GATE_UP_COUNTERS:],
-        weights, w2, s2, b2 if b2 is not None else dummy, _accumulator(dev, h) if fused else dummy, out,
-        counters[FINISH_COUNTER:], counters[STARTED_COUNTERS:], counters[READY_FLAGS:],
-        m, x.stride(0), out.stride(0), H=h, I=i,
+        h_buf, ids, experts, n_experts, gate_up_sums, _counters(dev)[GATE_UP_COUNTERS:],
+        m, x.stride(0), H=h, I=i,
         TOPK=top_k, M_PAD=plan.m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode,
-        INTERPRET=interp, K_PARTS=k_parts, FUSED_DOWN=fused, HAS_DOWN_BIAS=b2 is not None,
-        DOWN_R=cfg.fused_down_row_blocks,
-        num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
-    if fused:
-        return (out, ids, weights) if return_routing else out
+        INTERPRET=interp, K_PARTS=k_parts, num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages)
     if launches < 3:
         return None
+    out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
     split = cfg.down_split
     partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev) if split > 1 else out
     moe_down_kernel[(h // 64, split)](
         h_buf, ids, weights, experts, n_experts,
-        w2, s2, b2 if b2 is not None else dummy, out, partial_out, counters[DOWN_COUNTERS:],
+        w2, s2, b2 if b2 is not None else dummy, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
         m, out.stride(0), H=h, I=i,
         TOPK=top_k, M_PAD=plan.m_pad, C=cfg.down_c, MMA=mma, HAS_BIAS=b2 is not None,
         DECODE=decode, INTERPRET=interp, SPLIT=split, K_PARTS=plan.down_k_parts,

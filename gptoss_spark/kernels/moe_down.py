@@ -80,7 +80,7 @@ def moe_down_kernel(
     else:
         tl.store(partial_ptr + (pid_split * M + offs_m[None, :]) * H + offs_n[:, None], out, mask=store_mask)
         # The last of this row block's SPLIT programs adds the partials (arrival.py).
-        if last_to_arrive(counter_ptr + pid_n, SPLIT, INTERPRET):
+        if last_to_arrive(counter_ptr + pid_n, SPLIT):
             total = tl.zeros((64, M_PAD), dtype=tl.float32)
             for p in tl.static_range(SPLIT):  # fixed order: the same sum whichever program is last
                 total += tl.load(partial_ptr + (p * M + offs_m[None, :]) * H + offs_n[:, None], mask=store_mask,

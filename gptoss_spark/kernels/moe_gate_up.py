@@ -26,8 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .arrival import arrive, last_to_arrive, publish_flag, reset_arrivals, wait_flag
-from .moe_down_fused import add_down_of_h_block, finish_if_last, token_weights
+from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import mxfp4_block_dot
 from .routing import tokens_of_expert
 
@@ -36,9 +35,11 @@ SWIGLU_LIMIT = 7.0
 
 
 @triton.jit
-def _swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I: tl.constexpr, HAS_BIAS: tl.constexpr,
-            ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """bias + SwiGLU of one row block's gate/up sums -> h fp32 [64, M_PAD]."""
+def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                  I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """bias + SwiGLU of one row block's gate/up sums; h (bf16) for the tokens routed to the expert."""
+    offs_m = tl.arange(0, M_PAD)
     offs_i = pid_b * 64 + tl.arange(0, 64)
     if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
         b_base = b_ptr + expert * (2 * I)
@@ -46,72 +47,10 @@ def _swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I: tl.constexpr, HAS_BIAS: t
         acc_up += tl.load(b_base + I + offs_i).to(tl.float32)[:, None]
     gate = tl.minimum(acc_gate, LIMIT)
     up = tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT)
-    return (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
-
-
-@triton.jit
-def _h_ptrs(h_ptr, pid_b, token_slot, I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr):
-    """h is [M, TOPK, I]: token m's k-th expert output row; -> this row block's [64, M_PAD] pointers."""
-    offs_m = tl.arange(0, M_PAD)
-    offs_i = pid_b * 64 + tl.arange(0, 64)
-    return h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
-
-
-@triton.jit
-def _shares_h(part, stride_part, m_ok, b_ptr, expert, pid_b, K_PARTS: tl.constexpr, I: tl.constexpr,
-              M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr, M):
-    """h of one (expert, row block) from its K shares' fp32 sums, added in a fixed order (the same h whoever adds)."""
-    acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
-    acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-    for q in tl.static_range(K_PARTS):
-        acc_gate += tl.load(part + q * stride_part, mask=m_ok, other=0.0, cache_modifier=".cg")
-        acc_up += tl.load(part + q * stride_part + I * M, mask=m_ok, other=0.0, cache_modifier=".cg")
-    return _swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
-
-
-@triton.jit
-def _pair_finish(part, stride_part, m_ok, pair, counter_ptr, started_ptr, ready_ptr,
-                 b_ptr, expert, pid_b, routed, token_slot,
-                 weights_ptr, w2_ptr, s2_ptr, b2_ptr, acc_ptr, out_ptr, ids_ptr, finish_ptr, n_experts, M, stride_om,
-                 H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, MMA: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, HAS_DOWN_BIAS: tl.constexpr,
-                 DOWN_R: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """The two K shares of one (expert, row block) with down fused (moe_down_fused.py, "two shares").
-
-    Arrival units: 1, or 3 from a share that will help (its partner had started). If the
-    first to arrive stays to help, the last sets the ready flag and each adds up both
-    shares' sums into h and takes half of down's output row blocks; else the last takes all.
-    """
-    RBH: tl.constexpr = H // 64
-    HALF: tl.constexpr = (RBH // DOWN_R + 1) // 2 * DOWN_R  # the first half in whole R-row-block tiles
-    # Help only a partner that has started: it is running, so it will set the flag (arrival.wait_flag).
-    helps = tl.atomic_add(started_ptr + pair, 0, sem="relaxed", scope="gpu") == 2
-    before = arrive(counter_ptr + pair, tl.where(helps, 3, 1), INTERPRET)
-    token_weight = token_weights(weights_ptr, routed, token_slot, M, M_PAD, TOPK)
-    total = 2 * n_experts * (I // 64)  # two units of down work per (expert, row block)
-    if before > 0:  # the last share: both shares' sums are published
-        reset_arrivals(counter_ptr + pair)
-        reset_arrivals(started_ptr + pair)  # both read it before they arrived
-        if before == 3:  # the first share waits to help: let it go, take the second half
-            publish_flag(ready_ptr + pair, INTERPRET)
-            h = _shares_h(part, stride_part, m_ok, b_ptr, expert, pid_b, 2, I, M_PAD, HAS_BIAS, ALPHA, LIMIT, M)
-            add_down_of_h_block(h, token_weight, routed, expert, pid_b, w2_ptr, s2_ptr, acc_ptr,
-                                H, I, M_PAD, DOWN_R, MMA, DECODE, INTERPRET, HALF, RBH)
-            finish_if_last(finish_ptr, 1, total, acc_ptr, out_ptr, b2_ptr, ids_ptr, weights_ptr, M, stride_om,
-                           H, TOPK, HAS_DOWN_BIAS, INTERPRET)
-        else:
-            h = _shares_h(part, stride_part, m_ok, b_ptr, expert, pid_b, 2, I, M_PAD, HAS_BIAS, ALPHA, LIMIT, M)
-            add_down_of_h_block(h, token_weight, routed, expert, pid_b, w2_ptr, s2_ptr, acc_ptr,
-                                H, I, M_PAD, DOWN_R, MMA, DECODE, INTERPRET, 0, RBH)
-            finish_if_last(finish_ptr, 2, total, acc_ptr, out_ptr, b2_ptr, ids_ptr, weights_ptr, M, stride_om,
-                           H, TOPK, HAS_DOWN_BIAS, INTERPRET)
-    elif helps:
-        wait_flag(ready_ptr + pair)
-        h = _shares_h(part, stride_part, m_ok, b_ptr, expert, pid_b, 2, I, M_PAD, HAS_BIAS, ALPHA, LIMIT, M)
-        add_down_of_h_block(h, token_weight, routed, expert, pid_b, w2_ptr, s2_ptr, acc_ptr,
-                            H, I, M_PAD, DOWN_R, MMA, DECODE, INTERPRET, 0, HALF)
-        finish_if_last(finish_ptr, 1, total, acc_ptr, out_ptr, b2_ptr, ids_ptr, weights_ptr, M, stride_om,
-                       H, TOPK, HAS_DOWN_BIAS, INTERPRET)
+    h = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+    # h is [M, TOPK, I]: token m's k-th expert output row.
+    h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
+    tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])
 
 
 @triton.jit
@@ -140,26 +79,18 @@ def moe_gate_up_kernel(
     x_ptr,
     w_ptr, s_ptr, b_ptr,
     h_ptr, ids_ptr, experts_ptr, n_experts_ptr, partial_ptr, counter_ptr,
-    weights_ptr, w2_ptr, s2_ptr, b2_ptr, acc_ptr, out_ptr, finish_ptr, started_ptr, ready_ptr,
-    M, stride_xm, stride_om,
+    M, stride_xm,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
     HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, K_PARTS: tl.constexpr = 1,
-    FUSED_DOWN: tl.constexpr = False, HAS_DOWN_BIAS: tl.constexpr = False, DOWN_R: tl.constexpr = 4,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
 ):
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
     KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # per share of K
     RB: tl.constexpr = I // 64           # row blocks of gate (and of up)
-    RBH: tl.constexpr = H // 64          # down's output row blocks
-    if FUSED_DOWN and K_PARTS > 1:
-        # a row block's two shares next to each other in launch order: each usually finds the other started
-        pid_b = tl.program_id(0) // K_PARTS
-        k_part = tl.program_id(0) % K_PARTS
-    else:
-        pid_b = tl.program_id(0)
-        k_part = tl.program_id(2)
+    pid_b = tl.program_id(0)
     slot = tl.program_id(1)
+    k_part = tl.program_id(2)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     n_experts = tl.load(n_experts_ptr)
@@ -175,19 +106,9 @@ def moe_gate_up_kernel(
         if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
             acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
                                             acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
-            h = _swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
-            if FUSED_DOWN:
-                token_weight = token_weights(weights_ptr, routed, token_slot, M, M_PAD, TOPK)
-                add_down_of_h_block(h, token_weight, routed, expert, pid_b, w2_ptr, s2_ptr, acc_ptr,
-                                    H, I, M_PAD, DOWN_R, MMA, DECODE, INTERPRET, 0, RBH)
-                finish_if_last(finish_ptr, 1, n_experts * RB, acc_ptr, out_ptr, b2_ptr, ids_ptr, weights_ptr,
-                               M, stride_om, H, TOPK, HAS_DOWN_BIAS, INTERPRET)
-            else:
-                tl.store(_h_ptrs(h_ptr, pid_b, token_slot, I, TOPK, M_PAD), h.to(tl.bfloat16), mask=routed[None, :])
+            _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
         else:
-            pair = slot * RB + pid_b
-            if FUSED_DOWN:  # announce: the partner may wait for this program (_pair_finish)
-                tl.atomic_add(started_ptr + pair, 1, sem="relaxed", scope="gpu")
             for p in tl.static_range(K_PARTS):
                 # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
                 if k_part == p:
@@ -201,14 +122,13 @@ def moe_gate_up_kernel(
             stride_part = tl.num_programs(1) * 2 * I * M
             tl.store(part + k_part * stride_part, acc_gate, mask=m_ok)
             tl.store(part + k_part * stride_part + I * M, acc_up, mask=m_ok)
-            if FUSED_DOWN:
-                _pair_finish(part, stride_part, m_ok, pair, counter_ptr, started_ptr, ready_ptr,
-                             b_ptr, expert, pid_b, routed, token_slot,
-                             weights_ptr, w2_ptr, s2_ptr, b2_ptr, acc_ptr, out_ptr, ids_ptr, finish_ptr, n_experts,
-                             M, stride_om, H, I, TOPK, M_PAD, MMA, HAS_BIAS, DECODE, INTERPRET, HAS_DOWN_BIAS,
-                             DOWN_R, ALPHA, LIMIT)
-            elif last_to_arrive(counter_ptr + pair, K_PARTS, INTERPRET):
-                h = _shares_h(part, stride_part, m_ok, b_ptr, expert, pid_b, K_PARTS, I, M_PAD, HAS_BIAS, ALPHA,
-                              LIMIT, M)
-                tl.store(_h_ptrs(h_ptr, pid_b, token_slot, I, TOPK, M_PAD), h.to(tl.bfloat16), mask=routed[None, :])
-                reset_arrivals(counter_ptr + pair)
+            counter = counter_ptr + slot * RB + pid_b
+            if last_to_arrive(counter, K_PARTS):
+                acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
+                acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
+                for q in tl.static_range(K_PARTS):  # fixed order: the same sum whichever share is last
+                    acc_gate += tl.load(part + q * stride_part, mask=m_ok, other=0.0, cache_modifier=".cg")
+                    acc_up += tl.load(part + q * stride_part + I * M, mask=m_ok, other=0.0, cache_modifier=".cg")
+                _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                              I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
+                reset_arrivals(counter)

@@ -106,30 +106,21 @@ def decode_portable(q, factor, R: tl.constexpr):
 
 
 @triton.jit
-def to_fragment_order(h0, h1, C: tl.constexpr, MMA: tl.constexpr, STACKED: tl.constexpr = False):
+def to_fragment_order(h0, h1, C: tl.constexpr, MMA: tl.constexpr):
     """(h0, h1) [C*128, 16] -> the logical tile [64 rows, C*64 k]; only renames each thread's registers.
 
     Rows (c w g t) of the load, elements (s, i, lane) and h0/h1 = h, register j = 2h + i.
     MMA 3: word s = k16 step, j = 2h + r  -> row 16w + 8r + g, k 64c + 16s + 8h + 2t + lane.
     MMA 2: word s = 2a + r, j = k pair    -> row 16w + 8r + g, k 64c + 32a + 8t + 2j + lane.
-    STACKED: the C blocks are one below the other instead -> [C*64 rows, 64 k], row 64c + 16w + 8r + g
-    (the tensor-core tile repeated along rows: still a renaming).
     """
     x = tl.join(h0, h1)                                         # [(c w g t), (s i lane), h]
     if MMA == 3:
         x = tl.reshape(x, (C, 4, 8, 4, 4, 2, 2, 2))            # c w g t s r lane h
-        if STACKED:
-            x = tl.permute(x, (0, 1, 5, 2, 4, 7, 3, 6))        # c w r g | s h t lane
-        else:
-            x = tl.permute(x, (1, 5, 2, 0, 4, 7, 3, 6))        # w r g | c s h t lane
+        x = tl.permute(x, (1, 5, 2, 0, 4, 7, 3, 6))            # w r g | c s h t lane
     else:
         x = tl.reshape(x, (C, 4, 8, 4, 2, 2, 2, 2, 2))         # c w g t a r i lane h
-        if STACKED:
-            x = tl.permute(x, (0, 1, 5, 2, 4, 3, 8, 6, 7))     # c w r g | a t h i lane
-        else:
-            x = tl.permute(x, (1, 5, 2, 0, 4, 3, 8, 6, 7))     # w r g | c a t h i lane
-    ROWS: tl.constexpr = C * 64 if STACKED else 64
-    return tl.reshape(x, (ROWS, C * 64 * 64 // ROWS))
+        x = tl.permute(x, (1, 5, 2, 0, 4, 3, 8, 6, 7))         # w r g | c a t h i lane
+    return tl.reshape(x, (64, C * 64))
 
 
 @triton.jit
@@ -182,24 +173,3 @@ def mxfp4_rows_dot(w_ptr, s_ptr, blk, act_rows, k_lo: tl.constexpr, k_hi: tl.con
         at = tl.load(act_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
         acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, at, acc, 1, MMA, DECODE, INTERPRET)
     return acc
-
-
-@triton.jit
-def mxfp4_stacked_dot(w_ptr, s_ptr, BLOCK_STRIDE: tl.constexpr, x_tile, acc, R: tl.constexpr, MMA: tl.constexpr,
-                      DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc [R*64, M_PAD] += W[R row blocks of 64 rows, one 64-k block] @ x_tile [64, M_PAD].
-
-    w_ptr / s_ptr point at the first row block's 64x64 block; the next row block's is
-    BLOCK_STRIDE blocks further on (the blocks of a row block are consecutive, so that is
-    its number of 64-k blocks). One tensor-core tile of R*64 rows: the fused down takes
-    R output row blocks per loop iteration (moe_down_fused.py).
-    """
-    rows = tl.arange(0, R * 128)
-    q = tl.load(w_ptr + (rows // 128 * (BLOCK_STRIDE * 2048) + rows % 128 * 16)[:, None] + tl.arange(0, 16)[None, :])
-    e = tl.load(s_ptr + (rows // 128 * (BLOCK_STRIDE * 128) + rows % 128 // 4 * 4)[:, None] + tl.arange(0, 4)[None, :])
-    factor = factors_per_byte(e, R * 128, MMA)
-    if DECODE == 2:
-        h0, h1 = decode_ptx(q, factor)
-    else:
-        h0, h1 = decode_portable(q, factor, R * 128)
-    return dot_bf16(to_fragment_order(h0, h1, R, MMA, True), x_tile, acc, INTERPRET)

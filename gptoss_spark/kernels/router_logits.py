@@ -63,7 +63,7 @@ def router_logits_kernel(
     tl.store(out, acc, mask=(offs_e[:, None] < E) & (offs_m[None, :] < M))
     if FUSE_TOPK:
         # The last program to finish reads every partial and publishes the routing (arrival.py).
-        if last_to_arrive(counter_ptr, tl.num_programs(0) * SPLIT_K, INTERPRET):
+        if last_to_arrive(counter_ptr, tl.num_programs(0) * SPLIT_K):
             publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
                             M, E, SPLIT_K, TOPK_ROWS, E_PAD, TOPK)
             reset_arrivals(counter_ptr)

@@ -115,30 +115,12 @@ def test_one_token_plan_shares_k(k, top_k, gate_up_parts, down_parts, mma):
     """One token: both expert kernels share K among programs. K = 192 is 3 blocks: over 4 shares one
     share is empty; over 2, one share is a loop iteration of C = 2 and the other a tail block."""
     cfg = k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=2, down_c=2, down_split=8,
-                                few_tokens_gate_up_k_parts=gate_up_parts, fused_down_max_tokens=0)
+                                few_tokens_gate_up_k_parts=gate_up_parts)
     plan = k.moe.launch_plan(1, top_k, cfg)
     assert (plan.gate_up_k_parts, plan.down_k_parts) == (gate_up_parts, down_parts)
     args = make_block(k, 8, 1, True, seed=21 + top_k + mma, h=192, i=192)
     out = k.moe.fused_moe_decode(*kernel_args(k, args, mma), top_k, cfg, mma=mma)
     assert rel_err(out, k.reference.moe_block_ref(*args, top_k)) < INTERPRETER_TOL
-
-
-@child_only
-@pytest.mark.parametrize("m,r,mma,k_parts", [(1, 2, 3, 2), (1, 4, 2, 1), (2, 4, 3, 1), (3, 2, 2, 1)])
-def test_down_fused_into_gate_up(k, m, r, mma, k_parts):
-    """gate_up's programs do down (moe_down_fused.py): H = 320 is 5 output row blocks, one tile of
-    R = 4 and one left over (R = 2: two tiles and one). With two K shares the interpreter, running
-    one program at a time, takes the path where the last share does all of down."""
-    cfg = k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=2, down_c=2, down_split=8,
-                                fused_down_max_tokens=3, fused_down_row_blocks=r,
-                                few_tokens_max=1 if k_parts == 2 else 0)
-    plan = k.moe.launch_plan(m, 4, cfg)
-    assert plan.fused_down and plan.gate_up_k_parts == k_parts
-    args = make_block(k, 8, m, True, seed=60 + m + r, h=320, i=192)
-    for _ in range(2):  # twice: the accumulator and counters must be back at zero
-        out = k.moe.fused_moe_decode(*kernel_args(k, args, mma), 4, cfg, mma=mma)
-        assert rel_err(out, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL
-    assert not k.moe._accumulator(out.device, 320).any() and not k.moe._counters(out.device).any()
 
 
 @child_only

@@ -13,37 +13,18 @@ from gptoss_spark.kernels.moe import DEFAULT_CONFIG, distinct_plans, launch_plan
 from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts  # noqa: E402
 
 
-UNFUSED = replace(DEFAULT_CONFIG, fused_down_max_tokens=0)
-
-
 def test_one_token_shares_k_in_both_expert_kernels():
-    """One token, top-4, down not fused: 4 experts for a down split of 8, so each expert's K is shared by 2."""
-    p = launch_plan(1, 4, UNFUSED)
-    assert (p.m_pad, p.gate_up_k_parts, p.down_k_parts, p.fused_down) == (
-        16, DEFAULT_CONFIG.few_tokens_gate_up_k_parts, 2, False)
+    """One token, top-4: 4 experts for a down split of 8, so each expert's K is shared by 2 programs."""
+    p = launch_plan(1, 4)
+    assert (p.m_pad, p.gate_up_k_parts, p.down_k_parts) == (16, DEFAULT_CONFIG.few_tokens_gate_up_k_parts, 2)
     assert p.gate_up_k_parts > 1
 
 
 def test_enough_experts_for_the_split_means_the_plain_plan():
     for m in (2, 3, 16):
-        p = launch_plan(m, 4, UNFUSED)
+        p = launch_plan(m, 4)
         assert (p.gate_up_k_parts, p.down_k_parts) == (1, 1), m
     assert launch_plan(32, 4).m_pad == 32
-
-
-def test_down_fused_at_the_fewest_tokens_only():
-    """By default gate_up does down itself at 1 and 2 tokens (moe_down_fused.py); no down K shares then."""
-    assert [launch_plan(m, 4).fused_down for m in (1, 2, 3, 8, 32)] == [True, True, False, False, False]
-    p = launch_plan(1, 4)
-    assert (p.gate_up_k_parts, p.down_k_parts) == (2, 1)
-    cfg = replace(DEFAULT_CONFIG, fused_down_min_tokens=2, fused_down_max_tokens=4)
-    assert [launch_plan(m, 4, cfg).fused_down for m in (1, 2, 4, 5)] == [False, True, True, False]
-
-
-def test_fused_down_takes_at_most_two_k_shares():
-    """Its pair protocol (moe_gate_up._pair_finish) is for two shares; three run the unfused kernels."""
-    p = launch_plan(1, 4, replace(DEFAULT_CONFIG, few_tokens_gate_up_k_parts=3))
-    assert (p.gate_up_k_parts, p.fused_down) == (3, False)
 
 
 def test_topk_rows_hold_the_tokens_in_whole_rows_per_warp():
@@ -52,10 +33,10 @@ def test_topk_rows_hold_the_tokens_in_whole_rows_per_warp():
 
 
 def test_k_shares_are_a_power_of_two_dividing_the_split():
-    assert launch_plan(1, 2, UNFUSED).down_k_parts == 4            # 2 experts, split 8
-    assert launch_plan(1, 1, replace(UNFUSED, down_split=6)).down_k_parts == 2  # 6 = 2 x 3
-    assert launch_plan(1, 4, replace(UNFUSED, down_split=1)).down_k_parts == 1
-    assert launch_plan(1, 4, replace(UNFUSED, down_k_parts=False)).down_k_parts == 1
+    assert launch_plan(1, 2).down_k_parts == 4            # 2 experts, split 8
+    assert launch_plan(1, 1, replace(DEFAULT_CONFIG, down_split=6)).down_k_parts == 2  # 6 = 2 x 3
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, down_split=1)).down_k_parts == 1
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, down_k_parts=False)).down_k_parts == 1
 
 
 def test_few_token_plan_follows_the_token_limit():
@@ -67,8 +48,7 @@ def test_few_token_plan_follows_the_token_limit():
 def test_aot_token_counts_cover_every_plan():
     """The AOT build launches one token count per distinct plan; every m in 1..32 maps to one of them."""
     counts = token_counts(GPT_OSS_120B)
-    # K shares at 1, down fused at 1 and 2; top-k rows 4, 8, 16, 32 from 2 (and 3), 5, 9, 17
-    assert counts == [1, 2, 3, 5, 9, 17]
+    assert counts == [1, 2, 5, 9, 17]  # K shares at 1; top-k rows 4, 8, 16, 32 from 2, 5, 9, 17
     plans = distinct_plans(4)
     assert {launch_plan(m, 4) for m in range(1, 33)} == set(plans)
     assert sorted(plans.values()) == counts
