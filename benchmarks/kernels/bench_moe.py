@@ -188,10 +188,10 @@ def sweep(layers, log):
     # gate_up (-1.7 us) and down (-2 us). run14: the router's top-k over max(4, M) rows, not the
     # 16 of the tensor-core bucket (-2.3 us, kept); one packed (logit, index) max per top-k round
     # instead of a max and an argmax (+0.5 us, removed). run15-18: down fused into gate_up at one
-    # and two tokens (-2.2 us at two, none at one; removed, docs/KERNELS.md). The sweep shows each
-    # piece beside the whole.
-    variants = [{}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False},
-                {"few_tokens_max": 0, "down_k_parts": False, "router_topk_min_rows": 16}]
+    # and two tokens (-2.2 us at two, none at one; removed, docs/KERNELS.md). run19: programmatic
+    # dependent launch with each kernel launching the next after its loop (-1.2 to -1.7 us at
+    # M = 1-8, kept). The sweep shows each piece beside the whole.
+    variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False}]
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})
         s = score(cfg)

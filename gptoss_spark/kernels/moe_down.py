@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import mxfp4_rows_dot
+from .pdl import pdl_launch_next, pdl_wait
 from .routing import tokens_of_expert
 
 
@@ -36,7 +37,9 @@ def moe_down_kernel(
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr, HAS_BIAS: tl.constexpr,
     DECODE: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr = 1, K_PARTS: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # the routing and h are earlier kernels' output
     KB: tl.constexpr = I // 64
     RB: tl.constexpr = H // 64
     pid_n = tl.program_id(0)
@@ -73,6 +76,7 @@ def moe_down_kernel(
                 bias = tl.where(k_part == 0, bias, 0.0)
             acc += bias[:, None]
         out += acc * token_weight[None, :]
+    pdl_launch_next(PDL)  # the next layer's router gets placed during the epilogue
     store_mask = (offs_m < M)[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     if SPLIT == 1:

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import mxfp4_block_dot
+from .pdl import pdl_launch_next, pdl_wait
 from .routing import tokens_of_expert
 
 SWIGLU_ALPHA = 1.702
@@ -83,7 +84,7 @@ def moe_gate_up_kernel(
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
     HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, K_PARTS: tl.constexpr = 1,
-    ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
+    ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT, PDL: tl.constexpr = False,
 ):
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
     KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # per share of K
@@ -93,6 +94,7 @@ def moe_gate_up_kernel(
     k_part = tl.program_id(2)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
+    pdl_wait(PDL)  # the routing is the router kernel's output
     n_experts = tl.load(n_experts_ptr)
     if slot < n_experts:
         expert = tl.load(experts_ptr + slot).to(tl.int64)
@@ -106,6 +108,7 @@ def moe_gate_up_kernel(
         if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
             acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
                                             acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+            pdl_launch_next(PDL)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
                           I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
         else:
@@ -115,6 +118,7 @@ def moe_gate_up_kernel(
                     acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
                                                     KB if (p + 1) * KBP > KB else (p + 1) * KBP,
                                                     acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+            pdl_launch_next(PDL)
             # fp32 sums [K_PARTS, slots, 2 (gate, up), I, M]; the last share to finish adds them.
             offs_i = pid_b * 64 + tl.arange(0, 64)
             m_ok = (offs_m < M)[None, :]

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
+from .pdl import pdl_launch_next, pdl_wait
 from .routing import publish_routing
 from .runtime import interpreting
 
@@ -34,8 +35,9 @@ def router_logits_kernel(
     stride_xm, stride_we,
     M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr = 1, FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
-    INTERPRET: tl.constexpr = False, TOPK_ROWS: tl.constexpr = 16,
+    INTERPRET: tl.constexpr = False, TOPK_ROWS: tl.constexpr = 16, PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # x is the previous kernel's output
     pid_e = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -61,6 +63,7 @@ def router_logits_kernel(
         acc += tl.where(pid_k == 0, bias, 0.0)[:, None]
     out = partial_ptr + pid_k * M * E + offs_m[None, :] * E + offs_e[:, None]
     tl.store(out, acc, mask=(offs_e[:, None] < E) & (offs_m[None, :] < M))
+    pdl_launch_next(PDL)  # the expert kernel's programs get placed during the top-k below
     if FUSE_TOPK:
         # The last program to finish reads every partial and publishes the routing (arrival.py).
         if last_to_arrive(counter_ptr, tl.num_programs(0) * SPLIT_K):
@@ -94,7 +97,8 @@ def k_split(k: int, split_k: int, block_k: int) -> tuple[int, int]:
 def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split_k: int = 9,
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
                           num_stages: int = 3, out: torch.Tensor | None = None,
-                          routing: tuple | None = None, top_k: int = 4, topk_rows: int | None = None) -> torch.Tensor:
+                          routing: tuple | None = None, top_k: int = 4, topk_rows: int | None = None,
+                          pdl: bool = False) -> torch.Tensor:
     """x [M, H] bf16, weight [E, H] bf16, bias [E] -> partial logits fp32 [splits, M, E]; their sum is the logits.
 
     split_k=1 gives the logits themselves ([1, M, E]) in one launch. routing =
@@ -114,8 +118,13 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         FUSE_TOPK=routing is not None, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpreting(),
         TOPK_ROWS=topk_rows or topk_rows_for(m),
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl))
     return out
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """Launch keywords for programmatic dependent launch (pdl.py): none at all when off."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
 
 
 def router_logits_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

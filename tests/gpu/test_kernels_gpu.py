@@ -160,7 +160,8 @@ def test_decode_variants_match_reference(decode, m):
 
 
 @pytest.mark.parametrize("m,change", [(2, {"few_tokens_max": 2}), (1, {"few_tokens_gate_up_k_parts": 3}),
-                                      (1, {"down_k_parts": False, "few_tokens_max": 0})])
+                                      (1, {"down_k_parts": False, "few_tokens_max": 0}),
+                                      (1, {"pdl": False}), (8, {"pdl": False})])
 def test_launch_plan_options_match_reference(m, change):
     """The launch plans the benchmark sweeps (moe.launch_plan), beyond the default's."""
     from dataclasses import replace
@@ -190,3 +191,37 @@ def test_mma_sync_layout_matches_reference():
     env = {**os.environ, "DISABLE_MMA_V3": "1", "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_pdl_layers_chained_in_a_cuda_graph():
+    """Programmatic dependent launch (pdl.py): each kernel's programs start during the previous
+    kernel's tail and wait for its results. Two layers chained in one CUDA graph, the second
+    reading the first's output, replayed on new inputs: right only if every wait is where the
+    results are first read."""
+    from dataclasses import replace
+
+    from gptoss_spark.kernels import reference
+    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
+    cfg = replace(DEFAULT_CONFIG, pdl=True)
+    blocks = [make_block(128, 1, seed=500 + i) for i in range(2)]
+    weights = [kernel_args(b)[1:] for b in blocks]
+    static_x = blocks[0][0].clone()
+
+    def two_layers():
+        return fused_moe_decode(fused_moe_decode(static_x, *weights[0], 4, cfg), *weights[1], 4, cfg)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        two_layers()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = two_layers()
+    for seed in (1, 2, 3):
+        static_x.copy_(torch.randn(static_x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        g.replay()
+        torch.cuda.synchronize()
+        mid = reference.moe_block_ref(static_x, *blocks[0][1:], 4)
+        ref = reference.moe_block_ref(mid, *blocks[1][1:], 4)
+        assert rel_err(static_out, ref) < 1e-2
