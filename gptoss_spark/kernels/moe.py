@@ -18,8 +18,9 @@ import torch
 from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
 from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
+from .pdl import pdl_launch
 from .runtime import interpreting
-from .router_logits import m_pad_for, pdl_launch, router_logits_partial, topk_rows_for
+from .router_logits import m_pad_for, router_logits_partial, topk_rows_for
 
 MAX_DECODE_TOKENS = 32
 

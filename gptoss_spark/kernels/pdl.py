@@ -18,6 +18,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
+def pdl_launch(pdl: bool) -> dict:
+    """Launch keywords for a kernel with a PDL constexpr: none at all when off."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
+
+
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
     if PDL:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
-from .pdl import pdl_launch_next, pdl_wait
+from .pdl import pdl_launch, pdl_launch_next, pdl_wait
 from .routing import publish_routing
 from .runtime import interpreting
 
@@ -120,11 +120,6 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         TOPK_ROWS=topk_rows or topk_rows_for(m),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl))
     return out
-
-
-def pdl_launch(pdl: bool) -> dict:
-    """Launch keywords for programmatic dependent launch (pdl.py): none at all when off."""
-    return {"PDL": True, "launch_pdl": True} if pdl else {}
 
 
 def router_logits_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
