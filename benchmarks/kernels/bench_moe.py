@@ -162,7 +162,7 @@ def check_config(layer, cfg, ms=(1, 2, 4, 8)):
 SWEEP_TOKENS = (1, 2, 4, 8)
 
 
-def sweep(layers, log):
+def sweep(layers, log, variants=None):
     """Pick the launch config at M = 1, 2, 4 and 8 (natural routing); returns the best config and every row."""
     results = []
     xs = {m: [torch.randn(m, H, device=DEV).bfloat16() for _ in layers] for m in SWEEP_TOKENS}
@@ -191,7 +191,8 @@ def sweep(layers, log):
     # and two tokens (-2.2 us at two, none at one; removed, docs/KERNELS.md). run19: programmatic
     # dependent launch with each kernel launching the next after its loop (-1.2 to -1.7 us at
     # M = 1-8, kept). The sweep shows each piece beside the whole.
-    variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False}]
+    if variants is None:
+        variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False}]
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})
         s = score(cfg)
@@ -295,6 +296,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="tune tile sizes first, then benchmark the best")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="natural routing and the M=8 fit only (no baselines, router)")
+    ap.add_argument("--variants", type=json.loads, default=None,
+                    help='the sweep\'s configs as a JSON list of MoeLaunchConfig changes, e.g. \'[{}, {"pdl": false}]\'')
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -320,7 +323,7 @@ def main():
     if args.sweep:
         log("## sweep")
         t0 = time.time()
-        cfg, sweep_rows = sweep(layers, log)
+        cfg, sweep_rows = sweep(layers, log, args.variants)
         res["sweep"] = sweep_rows
         log(f"best: {cfg.__dict__}  ({time.time() - t0:.0f} s)")
     res["config"] = cfg.__dict__

@@ -54,6 +54,10 @@ def moe_down_kernel(
     n_experts = tl.load(n_experts_ptr)
     KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # 64-k blocks per share of K
     k_part = pid_split % K_PARTS
+    k_lo = k_part * KBP
+    k_hi = tl.minimum(k_lo + KBP, KB)
+    # Shares of K: each loops over KBP blocks rounded up to C, masked past its end (mxfp4_rows_dot).
+    N_LOOP: tl.constexpr = (KBP + C - 1) // C * C if K_PARTS > 1 else KB // C * C
     out = tl.zeros((64, M_PAD), dtype=tl.float32)
     for s in range(pid_split // K_PARTS, n_experts, SPLIT // K_PARTS):
         expert = tl.load(experts_ptr + s).to(tl.int64)
@@ -63,13 +67,12 @@ def moe_down_kernel(
         h_rows = h_ptr + (token * TOPK + token_slot) * I
         blk = (expert * RB + pid_n) * KB
         acc = tl.zeros((64, M_PAD), dtype=tl.float32)
-        for p in tl.static_range(K_PARTS):
-            # A copy of the K loop per share, with constant trip counts: with run-time
-            # bounds the pipelined loop took 246 registers at K_PARTS = 2 (these: 164),
-            # which leaves room for only 2 programs per SM.
-            if k_part == p:
-                acc = mxfp4_rows_dot(w_ptr, s_ptr, blk, h_rows, p * KBP, KB if (p + 1) * KBP > KB else (p + 1) * KBP,
-                                     acc, C, MMA, DECODE, INTERPRET)
+        # One loop for every share of K, whose first block is a run-time value (mxfp4_rows_dot).
+        # Before, a copy of the loop per share, each with its blocks left over in a loop of its
+        # own: ptxas serialized every wgmma of the kernel at one token (C7513), each k16 step
+        # waiting for the one before.
+        acc = mxfp4_rows_dot(w_ptr, s_ptr, blk, h_rows, k_lo, k_hi, N_LOOP, K_PARTS > 1, acc, C, MMA, DECODE,
+                             INTERPRET)
         if HAS_BIAS:
             bias = tl.load(b_ptr + expert * H + offs_n).to(tl.float32)
             if K_PARTS > 1:  # once per expert: by the share that holds k = 0

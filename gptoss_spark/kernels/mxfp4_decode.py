@@ -134,17 +134,10 @@ def dot_bf16(a, b, acc, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
-                    INTERPRET: tl.constexpr):
-    """acc [64, M_PAD] += W[64 rows, C*64 k] @ x_tile [C*64, M_PAD].
-
-    w_ptr / s_ptr point at the first of C consecutive 64x64 blocks of one row block,
-    stored in layout MMA (mxfp4_layout.py).
-    """
+def _decoded_dot(q, e, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """acc += decode(q, e) @ x_tile: q [C*128, 16] bytes and e [C*128, 4] exponents as loaded from C blocks."""
     R: tl.constexpr = C * 128
-    rows = tl.arange(0, R)
-    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
-    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :])
     factor = factors_per_byte(e, R, MMA)
     if DECODE == 2:
         h0, h1 = decode_ptx(q, factor)
@@ -154,22 +147,67 @@ def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexp
 
 
 @triton.jit
-def mxfp4_rows_dot(w_ptr, s_ptr, blk, act_rows, k_lo: tl.constexpr, k_hi: tl.constexpr, acc, C: tl.constexpr,
-                   MMA: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """acc [64, M_PAD] += W[64 rows, C*64 k] @ x_tile [C*64, M_PAD].
+
+    w_ptr / s_ptr point at the first of C consecutive 64x64 blocks of one row block,
+    stored in layout MMA (mxfp4_layout.py).
+    """
+    rows = tl.arange(0, C * 128)
+    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
+    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :])
+    return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
+
+
+@triton.jit
+def mxfp4_block_dot_first(w_ptr, s_ptr, x_tile, n_blocks, acc, C: tl.constexpr, MMA: tl.constexpr,
+                          DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """mxfp4_block_dot over only the first n_blocks (run time, 0..C) of the C blocks: the rest count as zero
+    weights and are not read (x_tile must be finite there)."""
+    rows = tl.arange(0, C * 128)
+    ok = (rows // 128 < n_blocks)[:, None]
+    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :], mask=ok, other=0)
+    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :], mask=ok, other=0)
+    return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
+
+
+@triton.jit
+def mxfp4_rows_dot(w_ptr, s_ptr, blk, act_rows, k_lo, k_hi, N_LOOP: tl.constexpr, MASKED: tl.constexpr, acc,
+                   C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """acc [64, M_PAD] += W[one row block, 64-k blocks k_lo..k_hi) @ act[those k, M_PAD token columns].
 
     blk is the index of the row block's first 64x64 block (the blocks of a row
     block are consecutive); act_rows [M_PAD] points at each token column's
-    activation row. C blocks per loop iteration, then the blocks left over one
-    at a time. The bounds are constexpr: run-time bounds cost the pipelined
-    loop ~80 registers (moe_down.py). The leftover blocks are a loop, not
-    unrolled: unrolling 3 of them took 40 more registers.
+    activation row. The loop takes C blocks per iteration over N_LOOP blocks (a
+    constexpr multiple of C): with a run-time trip count the pipelined loop took
+    ~80 more registers (moe_down.py).
+
+    MASKED = False: k_lo, k_hi are constant (the whole of K), N_LOOP <= k_hi - k_lo,
+    and the blocks after the loop go one at a time in a second loop (not unrolled:
+    unrolling 3 of them took 40 more registers).
+    MASKED = True: k_lo, k_hi may be run-time values (a share of K) and
+    N_LOOP >= k_hi - k_lo; blocks at or past k_hi are masked (not read, zero
+    weights). Not a second loop: a loop with a run-time trip count around a
+    wgmma has ptxas serialize every wgmma of the kernel (C7513), and a
+    straight-line tail after the loop took 26 to 48 more registers.
     """
     offs_k = tl.arange(0, C * 64)
-    for c0 in range(k_lo, k_hi - (k_hi - k_lo) % C, C):
-        at = tl.load(act_rows[None, :] + (c0 * 64 + offs_k)[:, None])
-        acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, at, acc, C, MMA, DECODE, INTERPRET)
-    for c0 in range(k_hi - (k_hi - k_lo) % C, k_hi):
-        at = tl.load(act_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
-        acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, at, acc, 1, MMA, DECODE, INTERPRET)
+    w_ptr += (blk + k_lo) * 2048
+    s_ptr += (blk + k_lo) * 128
+    act_rows += k_lo * 64
+    for c0 in range(0, N_LOOP, C):
+        if MASKED:
+            n_here = k_hi - k_lo - c0
+            at = tl.load(act_rows[None, :] + (c0 * 64 + offs_k)[:, None], mask=(offs_k // 64 < n_here)[:, None],
+                         other=0.0)
+            acc = mxfp4_block_dot_first(w_ptr + c0 * 2048, s_ptr + c0 * 128, at, n_here, acc, C, MMA, DECODE,
+                                        INTERPRET)
+        else:
+            at = tl.load(act_rows[None, :] + (c0 * 64 + offs_k)[:, None])
+            acc = mxfp4_block_dot(w_ptr + c0 * 2048, s_ptr + c0 * 128, at, acc, C, MMA, DECODE, INTERPRET)
+    if not MASKED:
+        for c0 in range(N_LOOP, k_hi - k_lo):
+            at = tl.load(act_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
+            acc = mxfp4_block_dot(w_ptr + c0 * 2048, s_ptr + c0 * 128, at, acc, 1, MMA, DECODE, INTERPRET)
     return acc
