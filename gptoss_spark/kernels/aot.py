@@ -88,14 +88,16 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Triton reads its cache dir when the cache manager is first used: set it before any compile.
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    from .mxfp4_layout import mma_layout_for
     from .ops import moe_decode, router_logits
+    mma = mma_layout_for("cuda")
     compiled = []
     for shape in shapes:
-        for m in token_counts(shape):
+        for m in token_counts(shape, mma):
             args = _dummy_inputs(shape, m, "cuda")
             moe_decode(*args, shape.top_k)
             router_logits(args[0], args[1], args[2])
-            compiled.append(f"{shape.name} {_plan_name(shape, m)}")
+            compiled.append(f"{shape.name} {_plan_name(shape, m, mma)}")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
 
@@ -137,9 +139,9 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
     return attrs
 
 
-def _plan_name(shape: MoeShape, m: int) -> str:
+def _plan_name(shape: MoeShape, m: int, mma: int) -> str:
     from .moe import launch_plan
-    p = launch_plan(m, shape.top_k)
+    p = launch_plan(m, shape.top_k, mma=mma)
     return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, "
             f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})")
 
@@ -153,16 +155,16 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
     from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
     from .router_logits import k_split, router_logits_kernel
     cfg = config or DEFAULT_CONFIG
-    plan = launch_plan(m, shape.top_k, cfg)
-    m_pad = plan.m_pad
     mma = mma_layout_for_capability(target.arch // 10)
+    plan = launch_plan(m, shape.top_k, cfg, mma)
+    m_pad = plan.m_pad
     e_pad = triton.next_power_of_2(shape.experts)
     k_per_split, n_split = k_split(shape.hidden, cfg.router_split_k, cfg.router_block_k)
     jobs = [
         (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32",
                                 "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                                 "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
-         dict(M_PAD=m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
+         dict(M_PAD=plan.router_m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
               SPLIT_K=n_split,
               FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False, TOPK_ROWS=plan.topk_rows,
               PDL=cfg.pdl),
@@ -198,12 +200,14 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     """Compile every variant for arch without a GPU; raises ToolchainError if the toolchain is missing."""
     require_toolchain()
     from triton.backends.compiler import GPUTarget
+    from .mxfp4_layout import mma_layout_for_capability
     major, minor, _ = parse_arch(arch)
     # Triton appends the 'a' suffix itself for capabilities that have one (sm_90a, sm_121a).
     target = GPUTarget("cuda", major * 10 + minor, 32)
+    mma = mma_layout_for_capability(major)
     compiled = []
     for shape in shapes:
-        for m in token_counts(shape):
+        for m in token_counts(shape, mma):
             try:
                 kernels = compile_variants(shape, m, target)
             except (FileNotFoundError, RuntimeError) as e:
@@ -214,7 +218,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
             for name, ck in kernels:
                 ptx = ck.asm.get("ptx", "")
                 tgt = next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), "?")
-                compiled.append(f"{shape.name} {_plan_name(shape, m)} {name} -> {tgt}")
+                compiled.append(f"{shape.name} {_plan_name(shape, m, mma)} {name} -> {tgt}")
     return BuildReport("compile-only", f"sm_{major}{minor}", compiled, None)
 
 

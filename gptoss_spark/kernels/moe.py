@@ -35,6 +35,10 @@ class MoeLaunchConfig:
     """
     router_split_k: int = 9
     router_topk_min_rows: int = 4  # router_logits.topk_rows_for
+    # Token columns of the expert kernels' tensor-core tile up to 8 tokens on layout 2 (mma.sync,
+    # GB10's): mma.sync's own n8 width. 16 (the wgmma minimum) cost 6 us at one token and 15 to
+    # 30 us at 2 to 8 (results/run21). Layout 3 (wgmma) always takes 16 (launch_plan).
+    mma_sync_m_pad: int = 8
     router_block_e: int = 16
     router_block_k: int = 64
     gate_up_c: int = 4
@@ -65,32 +69,37 @@ DEFAULT_CONFIG = MoeLaunchConfig()
 @dataclass(frozen=True)
 class LaunchPlan:
     """What a call with m tokens compiles and launches: each distinct plan is one set of kernel variants."""
-    m_pad: int            # token columns of the tensor-core tile (router_logits.m_pad_for)
+    m_pad: int            # token columns of the expert kernels' tensor-core tile (8, 16 or 32)
     topk_rows: int        # rows of the router's top-k tile (router_logits.topk_rows_for)
     gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
     down_k_parts: int     # shares of K per expert among the down split's programs
+    router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 16 or 32)
 
 
-def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> LaunchPlan:
-    """The variants m tokens run with.
+def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> LaunchPlan:
+    """The variants m tokens run with, for experts repacked in layout mma (mxfp4_layout.mma_layout_for).
 
     m tokens select at most m * top_k experts; when that is below the down split,
     the split's spare programs would idle, so they share K instead (a power of two
-    that divides the split). At few tokens gate_up shares K too.
+    that divides the split). At few tokens gate_up shares K too. On layout 2
+    (mma.sync) the expert kernels' tile has as few as config.mma_sync_m_pad token
+    columns; on layout 3 at least 16: below that Triton gives up wgmma for
+    mma.sync and moves the decoded tile through shared memory to its layout.
     """
     parts = 1
     if config.down_k_parts:
         while config.down_split % (2 * parts) == 0 and 2 * parts * m * top_k <= config.down_split:
             parts *= 2
     gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
-    return LaunchPlan(m_pad_for(m), topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts)
+    m_pad = m_pad_for(m, config.mma_sync_m_pad if mma == 2 else 16)
+    return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts, m_pad_for(m))
 
 
-def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG) -> dict[LaunchPlan, int]:
+def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> dict[LaunchPlan, int]:
     """Every plan 1..MAX_DECODE_TOKENS tokens can take -> the fewest tokens that take it (the AOT build's list)."""
     plans: dict[LaunchPlan, int] = {}
     for m in range(1, MAX_DECODE_TOKENS + 1):
-        plans.setdefault(launch_plan(m, top_k, config), m)
+        plans.setdefault(launch_plan(m, top_k, config, mma), m)
     return plans
 
 
@@ -159,10 +168,10 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     x = x.contiguous()
     dev = x.device
     cfg = config
-    plan = launch_plan(m, top_k, cfg)
     interp = interpreting()
     decode = 1 if interp else cfg.decode  # no PTX in the interpreter
     mma = _layout_version(dev) if mma is None else mma
+    plan = launch_plan(m, top_k, cfg, mma)
     pdl = cfg.pdl and not interp  # (griddepcontrol is PTX: not in the interpreter)
     h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
     ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
@@ -172,7 +181,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
                           block_k=cfg.router_block_k,
                           routing=(ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:]),
-                          top_k=top_k, topk_rows=plan.topk_rows, pdl=pdl)
+                          top_k=top_k, topk_rows=plan.topk_rows, m_pad=plan.router_m_pad, pdl=pdl)
     if launches < 2:
         return None
     dummy = x  # stands in for absent biases and unused buffers; never read

@@ -72,10 +72,10 @@ def router_logits_kernel(
             reset_arrivals(counter_ptr)
 
 
-def m_pad_for(m: int) -> int:
-    """Token columns of the tensor-core tile: one compiled variant per bucket."""
+def m_pad_for(m: int, min_pad: int = 16) -> int:
+    """Token columns of a tensor-core tile for m tokens, at least min_pad: one compiled variant per bucket."""
     if m <= 16:
-        return 16
+        return max(min_pad, triton.next_power_of_2(m))
     if m <= 32:
         return 32
     raise ValueError(f"decode kernels take at most 32 tokens, got {m}")
@@ -98,7 +98,7 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
                           block_e: int = 16, block_k: int = 64, num_warps: int = 4,
                           num_stages: int = 3, out: torch.Tensor | None = None,
                           routing: tuple | None = None, top_k: int = 4, topk_rows: int | None = None,
-                          pdl: bool = False) -> torch.Tensor:
+                          m_pad: int | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M, H] bf16, weight [E, H] bf16, bias [E] -> partial logits fp32 [splits, M, E]; their sum is the logits.
 
     split_k=1 gives the logits themselves ([1, M, E]) in one launch. routing =
@@ -106,7 +106,7 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     """
     m, k = x.shape
     e = weight.shape[0]
-    m_pad = m_pad_for(m)
+    m_pad = m_pad or m_pad_for(m)
     k_per_split, split_k = k_split(k, split_k, block_k)
     if out is None:
         out = torch.empty((split_k, m, e), dtype=torch.float32, device=x.device)

@@ -182,7 +182,7 @@ def test_mma_sync_layout_matches_reference():
         from gptoss_spark.kernels.moe import fused_moe_decode
         from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
         assert mma_layout_for("cuda") == 2
-        for m in (1, 3, 32):
+        for m in (1, 3, 8, 9, 32):  # tiles of 8 token columns up to 8 tokens (moe.launch_plan), then 16, 32
             args = make_block(128, m, seed=200 + m)
             err = rel_err(fused_moe_decode(*kernel_args(args), 4), reference.moe_block_ref(*args, 4))
             assert err < 5e-3, (m, err)

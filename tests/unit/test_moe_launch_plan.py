@@ -45,10 +45,21 @@ def test_few_token_plan_follows_the_token_limit():
     assert launch_plan(1, 4, replace(DEFAULT_CONFIG, few_tokens_max=0)).gate_up_k_parts == 1
 
 
-def test_aot_token_counts_cover_every_plan():
+def test_mma_sync_layout_takes_8_token_columns_up_to_8_tokens():
+    """Layout 2 (mma.sync, GB10's): the expert kernels' tile is mma.sync's n8 up to 8 tokens; the
+    router's stays 16 (it is not the expert kernels' layout); layout 3 (wgmma) never goes below 16."""
+    assert [launch_plan(m, 4, mma=2).m_pad for m in (1, 2, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 32, 32]
+    assert [launch_plan(m, 4, mma=2).router_m_pad for m in (1, 8, 9, 17)] == [16, 16, 16, 32]
+    assert [launch_plan(m, 4, mma=3).m_pad for m in (1, 8, 9, 17)] == [16, 16, 16, 32]
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, mma_sync_m_pad=16), mma=2).m_pad == 16
+
+
+@pytest.mark.parametrize("mma", [2, 3])
+def test_aot_token_counts_cover_every_plan(mma):
     """The AOT build launches one token count per distinct plan; every m in 1..32 maps to one of them."""
-    counts = token_counts(GPT_OSS_120B)
-    assert counts == [1, 2, 5, 9, 17]  # K shares at 1; top-k rows 4, 8, 16, 32 from 2, 5, 9, 17
-    plans = distinct_plans(4)
-    assert {launch_plan(m, 4) for m in range(1, 33)} == set(plans)
+    counts = token_counts(GPT_OSS_120B, mma)
+    # K shares at 1; top-k rows 4, 8, 16, 32 from 2, 5, 9, 17 (and on layout 2 the 8-column tile up to 8)
+    assert counts == [1, 2, 5, 9, 17]
+    plans = distinct_plans(4, mma=mma)
+    assert {launch_plan(m, 4, mma=mma) for m in range(1, 33)} == set(plans)
     assert sorted(plans.values()) == counts
