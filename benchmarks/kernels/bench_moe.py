@@ -190,9 +190,13 @@ def sweep(layers, log, variants=None):
     # instead of a max and an argmax (+0.5 us, removed). run15-18: down fused into gate_up at one
     # and two tokens (-2.2 us at two, none at one; removed, docs/KERNELS.md). run19: programmatic
     # dependent launch with each kernel launching the next after its loop (-1.2 to -1.7 us at
-    # M = 1-8, kept). The sweep shows each piece beside the whole.
+    # M = 1-8, kept). run20: 4 down stages (209 registers at one token: +3 us there, -1.4 us at 2-4)
+    # and smaller tiles with capped registers (register_caps.md): none kept. run21: on layout 2 the
+    # 8-column token tile (mma_sync_m_pad, kept: -4.5 to -29 us at M = 1-8). The sweep shows each
+    # piece beside the whole; --variants sweeps other config changes.
     if variants is None:
-        variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False}]
+        variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False},
+                    {"mma_sync_m_pad": 16}]  # (the last changes nothing on layout 3)
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})
         s = score(cfg)
