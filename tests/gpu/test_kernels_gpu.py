@@ -73,6 +73,19 @@ def test_router_logits_op(m):
     torch.testing.assert_close(got, reference.router_logits_ref(x, rw, rb), rtol=1e-4, atol=1e-4)
 
 
+def capture_graph(fn):
+    """Warm fn up on a side stream (compiles, allocates), then capture it in a CUDA graph -> (graph, its output)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 @pytest.mark.parametrize("m", [1, 4])  # 1: the few-token plan, whose arrival counters must reset per replay
 def test_cuda_graph_capture_and_replay(m):
     import gptoss_spark.kernels.ops  # noqa: F401
@@ -80,15 +93,7 @@ def test_cuda_graph_capture_and_replay(m):
     ckpt = make_block(128, m)
     x, *rest = kernel_args(ckpt)
     static_x = x.clone()
-    op = torch.ops.gptoss_spark.moe_decode
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        op(static_x, *rest, 4)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_out = op(static_x, *rest, 4)
+    g, static_out = capture_graph(lambda: torch.ops.gptoss_spark.moe_decode(static_x, *rest, 4))
     router = rest[:2]
     for seed in (1, 2, 3):  # new inputs through the same graph: new routing, same launches
         static_x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
@@ -210,14 +215,7 @@ def test_pdl_layers_chained_in_a_cuda_graph():
     def two_layers():
         return fused_moe_decode(fused_moe_decode(static_x, *weights[0], 4, cfg), *weights[1], 4, cfg)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        two_layers()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_out = two_layers()
+    g, static_out = capture_graph(two_layers)
     for seed in (1, 2, 3):
         static_x.copy_(torch.randn(static_x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
         g.replay()
