@@ -36,8 +36,8 @@ class MoeLaunchConfig:
     router_split_k: int = 9
     router_topk_min_rows: int = 4  # router_logits.topk_rows_for
     # Token columns of the expert kernels' tensor-core tile up to 8 tokens on layout 2 (mma.sync,
-    # GB10's): mma.sync's own n8 width. 16 (the wgmma minimum) cost 6 us at one token and 15 to
-    # 30 us at 2 to 8 (results/run21). Layout 3 (wgmma) always takes 16 (launch_plan).
+    # GB10's): mma.sync's own n8 width. 16 (the wgmma minimum) cost 4.5 to 6 us at one token and
+    # 11 to 30 us at 2 to 8 on the H200 (results/run21). Layout 3 (wgmma) always takes 16 (launch_plan).
     mma_sync_m_pad: int = 8
     router_block_e: int = 16
     router_block_k: int = 64

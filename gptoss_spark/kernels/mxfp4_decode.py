@@ -181,7 +181,7 @@ def mxfp4_rows_dot(w_ptr, s_ptr, blk, act_rows, k_lo, k_hi, N_LOOP: tl.constexpr
     block are consecutive); act_rows [M_PAD] points at each token column's
     activation row. The loop takes C blocks per iteration over N_LOOP blocks (a
     constexpr multiple of C): with a run-time trip count the pipelined loop took
-    ~80 more registers (moe_down.py).
+    246 registers instead of 164 (down at one token, Triton 3.6).
 
     MASKED = False: k_lo, k_hi are constant (the whole of K), N_LOOP <= k_hi - k_lo,
     and the blocks after the loop go one at a time in a second loop (not unrolled:
