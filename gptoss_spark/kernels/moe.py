@@ -39,6 +39,9 @@ class MoeLaunchConfig:
     # GB10's): mma.sync's own n8 width. 16 (the wgmma minimum) cost 4.5 to 6 us at one token and
     # 11 to 30 us at 2 to 8 on the H200 (results/run21). Layout 3 (wgmma) always takes 16 (launch_plan).
     mma_sync_m_pad: int = 8
+    # Fewest token columns of the router's tile (16 rows of experts: mma.sync on every GPU). 8 was
+    # within noise of 16 at 1 to 8 tokens on both layouts (results/run22).
+    router_m_pad: int = 16
     router_block_e: int = 16
     router_block_k: int = 64
     gate_up_c: int = 4
@@ -73,7 +76,7 @@ class LaunchPlan:
     topk_rows: int        # rows of the router's top-k tile (router_logits.topk_rows_for)
     gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
     down_k_parts: int     # shares of K per expert among the down split's programs
-    router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 16 or 32)
+    router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 8, 16 or 32)
 
 
 def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> LaunchPlan:
@@ -92,7 +95,8 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
             parts *= 2
     gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
     m_pad = m_pad_for(m, config.mma_sync_m_pad if mma == 2 else 16)
-    return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts, m_pad_for(m))
+    return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts,
+                      m_pad_for(m, config.router_m_pad))
 
 
 def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> dict[LaunchPlan, int]:

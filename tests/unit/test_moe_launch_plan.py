@@ -52,6 +52,7 @@ def test_mma_sync_layout_takes_8_token_columns_up_to_8_tokens():
     assert [launch_plan(m, 4, mma=2).router_m_pad for m in (1, 8, 9, 17)] == [16, 16, 16, 32]
     assert [launch_plan(m, 4, mma=3).m_pad for m in (1, 8, 9, 17)] == [16, 16, 16, 32]
     assert launch_plan(1, 4, replace(DEFAULT_CONFIG, mma_sync_m_pad=16), mma=2).m_pad == 16
+    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, router_m_pad=8), mma=3).router_m_pad == 8
 
 
 @pytest.mark.parametrize("mma", [2, 3])
