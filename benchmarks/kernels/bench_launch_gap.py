@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.kernels.bench_moe import graph_ms  # noqa: E402
 from gptoss_spark.kernels.pdl import pdl_launch, pdl_launch_next, pdl_wait  # noqa: E402
 
 PROGRAMS = 360
@@ -39,19 +39,6 @@ def step_kernel(src, dst, work, PDL: tl.constexpr = False):
     tl.store(dst + offs, v)
 
 
-def graph_us(fn, rep=200):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return do_bench(g.replay, warmup=25, rep=rep, return_mode="median") * 1e3
-
-
 def main() -> None:
     bufs = [torch.zeros(PROGRAMS * 128, device="cuda") for _ in range(2)]
 
@@ -66,9 +53,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for work in (0, 2000, 8000):
         for n in (3, 12):
-            one = graph_us(chain(1, n * work, False))
-            off = graph_us(chain(n, work, False))
-            on = graph_us(chain(n, work, True))
+            one, off, on = (graph_ms([chain(k, w, pdl)]) * 1e3
+                            for k, w, pdl in ((1, n * work, False), (n, work, False), (n, work, True)))
             print(f"| {work} | {n} | {one:.1f} | {off:.1f} | {on:.1f} | {(off - one) / (n - 1):.2f} / {(on - one) / (n - 1):.2f} |",
                   flush=True)
 

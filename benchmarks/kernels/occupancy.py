@@ -65,8 +65,8 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from gptoss_spark.kernels.aot import compile_variants, parse_arch
-    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, launch_plan
+    from gptoss_spark.kernels.aot import _plan_name, compile_variants, parse_arch
+    from gptoss_spark.kernels.moe import DEFAULT_CONFIG
     from gptoss_spark.kernels.mxfp4_layout import mma_layout_for_capability
     from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts
     major, minor, _ = parse_arch(args.arch)
@@ -81,8 +81,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     target = GPUTarget("cuda", major * 10 + minor, 32)
     for m in token_counts(GPT_OSS_120B, mma):
-        p = launch_plan(m, GPT_OSS_120B.top_k, cfg, mma)
-        plan = f"M={m}: {p.m_pad} token columns, K shares {p.gate_up_k_parts}/{p.down_k_parts}"
+        plan = _plan_name(GPT_OSS_120B, m, mma, cfg)
         for name, ck in compile_variants(GPT_OSS_120B, m, target, cfg):
             regs = registers(ck.asm["cubin"])
             smem = ck.metadata.shared

@@ -139,9 +139,9 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
     return attrs
 
 
-def _plan_name(shape: MoeShape, m: int, mma: int) -> str:
-    from .moe import launch_plan
-    p = launch_plan(m, shape.top_k, mma=mma)
+def _plan_name(shape: MoeShape, m: int, mma: int, config=None) -> str:
+    from .moe import DEFAULT_CONFIG, launch_plan
+    p = launch_plan(m, shape.top_k, config or DEFAULT_CONFIG, mma)
     return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, "
             f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})")
 
