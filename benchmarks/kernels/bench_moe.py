@@ -76,12 +76,12 @@ def roofline():
     b = torch.empty_like(a)
     t_copy = median_ms(lambda: b.copy_(a))
     copy_tbs = 2 * a.numel() * 4 / (t_copy * 1e-3) / 1e12
-    del a, b
+    a = b = None  # free the 8 GiB (not del: the lambda above still names them)
     w = torch.randn(201088, 2880, device=DEV, dtype=torch.bfloat16)
     x = torch.randn(1, 2880, device=DEV, dtype=torch.bfloat16)
     t_gemv = median_ms(lambda: torch.nn.functional.linear(x, w))
     gemv_tbs = w.numel() * 2 / (t_gemv * 1e-3) / 1e12
-    del w
+    w = None
     torch.cuda.empty_cache()
     return {"copy_fp32_4GiB_us": t_copy * 1e3, "copy_fp32_TBps": copy_tbs,
             "cublas_gemv_lm_head_us": t_gemv * 1e3, "cublas_gemv_TBps": gemv_tbs,
@@ -192,11 +192,13 @@ def sweep(layers, log, variants=None):
     # dependent launch with each kernel launching the next after its loop (-1.2 to -1.7 us at
     # M = 1-8, kept). run20: 4 down stages (209 registers at one token: +3 us there, -1.4 us at 2-4)
     # and smaller tiles with capped registers (register_caps.md): none kept. run21: on layout 2 the
-    # 8-column token tile (mma_sync_m_pad, kept: -4.5 to -29 us at M = 1-8). The sweep shows each
-    # piece beside the whole; --variants sweeps other config changes.
+    # 8-column token tile (mma_sync_m_pad, kept: -4.5 to -29 us at M = 1-8). run23/24: the top-k in
+    # gate_up's programs at M <= 2 (kept: -2 to -2.7 us on layout 2, -0.5 to -1.7 on layout 3; at
+    # 4 and 8 tokens slower), then a router split of 15 (kept: -0.5 to -0.9 us at one token). The
+    # sweep shows each piece beside the whole; --variants sweeps other config changes.
     if variants is None:
         variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False},
-                    {"mma_sync_m_pad": 16}]  # (the last changes nothing on layout 3)
+                    {"topk_in_gate_up_max": 0}, {"mma_sync_m_pad": 16}]  # (the last changes nothing on layout 3)
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})
         s = score(cfg)
@@ -272,6 +274,11 @@ def bench_router(cfg, ms=(1, 2, 4, 8, 16, 32)):
                                                                       block_k=cfg.router_block_k, routing=tables,
                                                                       top_k=TOPK, topk_rows=topk_rows)
                                for w, b in zip(ws, bs)]) * 1e3 / copies
+        # The partials alone: the router kernel as the layer launches it when gate_up takes the top-k.
+        ours_logits = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=cfg.router_split_k,
+                                                                       block_e=cfg.router_block_e,
+                                                                       block_k=cfg.router_block_k)
+                                for w, b in zip(ws, bs)]) * 1e3 / copies
         ours_one = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=1)
                              for w, b in zip(ws, bs)]) * 1e3 / copies
         cublas = graph_ms([lambda w=w, b=b: torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs)]) * 1e3 / copies
@@ -281,7 +288,8 @@ def bench_router(cfg, ms=(1, 2, 4, 8, 16, 32)):
             v, i = lg.float().topk(TOPK, dim=-1)
             return torch.softmax(v, -1), i
         cublas_topk = graph_ms([lambda w=w, b=b: torch_topk(w, b) for w, b in zip(ws, bs)]) * 1e3 / copies
-        rows.append({"M": m, "ours_ksplit_us": ours_split, "ours_logits_op_us": ours_one,
+        rows.append({"M": m, "ours_ksplit_us": ours_split, "ours_ksplit_logits_only_us": ours_logits,
+                     "topk_in_gate_up": launch_plan(m, TOPK, cfg).topk_in_gate_up, "ours_logits_op_us": ours_one,
                      "cublas_bf16_us": cublas, "cublas_plus_topk_softmax_us": cublas_topk})
     return rows
 
@@ -408,12 +416,14 @@ def main():
     log(f"  marginal per expert: cuBLAS bf16 {cub_per:.2f} us vs ours {per:.2f} us -> {cub_per / per:.2f}x")
 
     log("## router (us per call, rotating 96 router weights)")
-    log("| M | ours: router + top-k + softmax (as in the layer) | ours: logits op, 1 launch, split_k=1 | cuBLAS bf16 | cuBLAS + torch topk + softmax |")
-    log("|---|---|---|---|---|")
+    log("| M | ours: router + top-k + softmax, one kernel | ours: the router's partials alone | top-k in the layer by | "
+        "ours: logits op, 1 launch, split_k=1 | cuBLAS bf16 | cuBLAS + torch topk + softmax |")
+    log("|---|---|---|---|---|---|---|")
     rr = bench_router(cfg)
     for r in rr:
-        log(f"| {r['M']} | {r['ours_ksplit_us']:.2f} | {r['ours_logits_op_us']:.2f} | {r['cublas_bf16_us']:.2f} | "
-            f"{r['cublas_plus_topk_softmax_us']:.2f} |")
+        log(f"| {r['M']} | {r['ours_ksplit_us']:.2f} | {r['ours_ksplit_logits_only_us']:.2f} | "
+            f"{'gate_up' if r['topk_in_gate_up'] else 'router'} | {r['ours_logits_op_us']:.2f} | "
+            f"{r['cublas_bf16_us']:.2f} | {r['cublas_plus_topk_softmax_us']:.2f} |")
     res["router"] = rr
 
     (out / "bench_moe.json").write_text(json.dumps(res, indent=1))

@@ -142,7 +142,7 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
 def _plan_name(shape: MoeShape, m: int, mma: int, config=None) -> str:
     from .moe import DEFAULT_CONFIG, launch_plan
     p = launch_plan(m, shape.top_k, config or DEFAULT_CONFIG, mma)
-    return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows}, "
+    return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows} in {'gate_up' if p.topk_in_gate_up else 'router'}, "
             f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})")
 
 
@@ -166,16 +166,18 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
                                 "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
          dict(M_PAD=plan.router_m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
               SPLIT_K=n_split,
-              FUSE_TOPK=True, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False, TOPK_ROWS=plan.topk_rows,
+              FUSE_TOPK=not plan.topk_in_gate_up, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False,
+              TOPK_ROWS=plan.topk_rows,
               PDL=cfg.pdl),
          dict(num_warps=4, num_stages=3, launch_pdl=cfg.pdl)),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",
-                              "counter_ptr": "*i32"},
+                              "counter_ptr": "*i32", "logits_ptr": "*fp32", "route_weights_ptr": "*fp32"},
          dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma,
               HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, K_PARTS=plan.gate_up_k_parts,
-              ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT, PDL=cfg.pdl),
+              ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT, PDL=cfg.pdl, ROUTE=plan.topk_in_gate_up, N_SPLIT=n_split,
+              E_PAD=e_pad, TOPK_ROWS=plan.topk_rows),
          dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages, launch_pdl=cfg.pdl)),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",

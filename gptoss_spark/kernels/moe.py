@@ -3,7 +3,8 @@
   1. router_logits_kernel  x @ Wr^T as K-split partials; its last program
                            does top-k + softmax and lists the experts    (router_logits.py, routing.py)
   2. moe_gate_up_kernel    gate_up, bias, SwiGLU -> h; at few tokens K is
-                           shared, the last program finishes               (moe_gate_up.py)
+                           shared, the last program finishes, and each
+                           program takes the top-k itself, not the router  (moe_gate_up.py)
   3. moe_down_kernel       down, bias, routing-weighted sum -> y; with a
                            split, each row block's last program adds the
                            partials                                       (moe_down.py)
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
@@ -33,7 +35,7 @@ class MoeLaunchConfig:
     tensor-core tile, the layout of mxfp4_layout.py); *_c is how many 64-k
     blocks one loop iteration takes.
     """
-    router_split_k: int = 9
+    router_split_k: int = 15  # 9 before the top-k moved to gate_up at <= 2 tokens; 15 was 0.5-0.9 us faster (run24)
     router_topk_min_rows: int = 4  # router_logits.topk_rows_for
     # Token columns of the expert kernels' tensor-core tile up to 8 tokens on layout 2 (mma.sync,
     # GB10's): mma.sync's own n8 width. 16 (the wgmma minimum) cost 4.5 to 6 us at one token and
@@ -56,6 +58,9 @@ class MoeLaunchConfig:
     few_tokens_gate_up_k_parts: int = 2
     # When fewer experts can be selected than the down split, its spare programs take shares of K.
     down_k_parts: bool = True
+    # Up to this many tokens every gate_up program takes the top-k itself from the router's partial
+    # logits, and the router ends without its last program's serial top-k (routing.py); 0: never.
+    topk_in_gate_up_max: int = 2
     # Programmatic dependent launch between the three kernels (pdl.py): each launches the next after
     # its loop and waits for the previous one before its first read of it. run19: 1.2 to 1.7 us per
     # layer faster at M = 1, 2, 4 and 8.
@@ -77,6 +82,7 @@ class LaunchPlan:
     gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
     down_k_parts: int     # shares of K per expert among the down split's programs
     router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 8, 16 or 32)
+    topk_in_gate_up: bool  # gate_up's programs take the top-k (config.topk_in_gate_up_max), not the router
 
 
 def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> LaunchPlan:
@@ -96,7 +102,7 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
     gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
     m_pad = m_pad_for(m, config.mma_sync_m_pad if mma == 2 else 16)
     return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts,
-                      m_pad_for(m, config.router_m_pad))
+                      m_pad_for(m, config.router_m_pad), m <= config.topk_in_gate_up_max)
 
 
 def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> dict[LaunchPlan, int]:
@@ -180,12 +186,12 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
     ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
     weights = torch.empty((m, top_k), dtype=torch.float32, device=dev)
-    experts = torch.empty((e,), dtype=torch.int32, device=dev)
+    experts = torch.empty((max(e, cfg.down_split),), dtype=torch.int32, device=dev)  # down reads its first slot early
     n_experts = torch.empty((1,), dtype=torch.int32, device=dev)
-    router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
-                          block_k=cfg.router_block_k,
-                          routing=(ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:]),
-                          top_k=top_k, topk_rows=plan.topk_rows, m_pad=plan.router_m_pad, pdl=pdl)
+    routing = None if plan.topk_in_gate_up else (ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:])
+    logits = router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
+                                   block_k=cfg.router_block_k, routing=routing, top_k=top_k,
+                                   topk_rows=plan.topk_rows, m_pad=plan.router_m_pad, pdl=pdl)
     if launches < 2:
         return None
     dummy = x  # stands in for absent biases and unused buffers; never read
@@ -194,11 +200,12 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     gate_up_sums = torch.empty((k_parts, slots, 2, i, m), dtype=torch.float32, device=dev) if k_parts > 1 else dummy
     moe_gate_up_kernel[(i // 64, slots, k_parts)](
         x, w13, s13, b13 if b13 is not None else dummy,
-        h_buf, ids, experts, n_experts, gate_up_sums, _counters(dev)[GATE_UP_COUNTERS:],
-        m, x.stride(0), H=h, I=i,
+        h_buf, ids, experts, n_experts, gate_up_sums, _counters(dev)[GATE_UP_COUNTERS:], logits, weights,
+        m, x.stride(0), e, H=h, I=i,
         TOPK=top_k, M_PAD=plan.m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode,
-        INTERPRET=interp, K_PARTS=k_parts, num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages,
-        **pdl_launch(pdl))
+        INTERPRET=interp, K_PARTS=k_parts, ROUTE=plan.topk_in_gate_up, N_SPLIT=logits.shape[0],
+        E_PAD=triton.next_power_of_2(e), TOPK_ROWS=plan.topk_rows,
+        num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages, **pdl_launch(pdl))
     if launches < 3:
         return None
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)

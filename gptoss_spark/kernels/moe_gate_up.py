@@ -15,6 +15,13 @@ iterations; 2 shares make 360 programs of half the chain (-1.7 us per layer on
 the H200, docs/KERNELS.md). Each share stores its fp32 sums and the last to
 finish (arrival.py) adds them in a fixed order and applies bias + SwiGLU.
 
+With ROUTE (the fewest tokens, moe.launch_plan) the router kernel stops after
+its partial logits, and every program takes the top-k itself from them
+(routing.py): at one token that replaces the router's arrival, its last
+program's serial top-k and this kernel's read of the tables (two L2 round trips
+and a chain of shuffles in one program) with the same top-k run by every
+program at once. Program (0, 0, 0) stores the tables for down.
+
 Weights are in the kernels' layout (mxfp4_layout.py): gate rows first, then
 up rows, so gate block b is row block b and up block b is row block I/64 + b.
 Activations are read without masks: padding token columns point at row 0
@@ -29,7 +36,7 @@ import triton.language as tl
 from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import mxfp4_block_dot
 from .pdl import pdl_launch_next, pdl_wait
-from .routing import tokens_of_expert
+from .routing import expert_of_slot, rows_to, store_routing, tokens_of_expert, topk_softmax
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -79,12 +86,13 @@ def _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, k_lo: tl.constexpr, k_h
 def moe_gate_up_kernel(
     x_ptr,
     w_ptr, s_ptr, b_ptr,
-    h_ptr, ids_ptr, experts_ptr, n_experts_ptr, partial_ptr, counter_ptr,
-    M, stride_xm,
+    h_ptr, ids_ptr, experts_ptr, n_experts_ptr, partial_ptr, counter_ptr, logits_ptr, route_weights_ptr,
+    M, stride_xm, E,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
     HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, K_PARTS: tl.constexpr = 1,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT, PDL: tl.constexpr = False,
+    ROUTE: tl.constexpr = False, N_SPLIT: tl.constexpr = 1, E_PAD: tl.constexpr = 128, TOPK_ROWS: tl.constexpr = 4,
 ):
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
     KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # per share of K
@@ -94,12 +102,25 @@ def moe_gate_up_kernel(
     k_part = tl.program_id(2)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
-    pdl_wait(PDL)  # the routing is the router kernel's output
-    n_experts = tl.load(n_experts_ptr)
-    if slot < n_experts:
-        expert = tl.load(experts_ptr + slot).to(tl.int64)
+    pdl_wait(PDL)  # the routing (with ROUTE: the router's partial logits) is the router kernel's output
+    if ROUTE:
+        ids_r, weights_r, used = topk_softmax(logits_ptr, M, E, N_SPLIT, TOPK_ROWS, E_PAD, TOPK)
+        expert32, n_experts = expert_of_slot(used, slot, E_PAD)
+        if (pid_b == 0) & (slot == 0) & (k_part == 0):  # every program has the tables; one stores them for down
+            store_routing(ids_r, weights_r, used, ids_ptr, route_weights_ptr, experts_ptr, n_experts_ptr,
+                          M, E, TOPK_ROWS, E_PAD, TOPK)
+        routed_r, slot_r = tokens_of_expert(ids_r, expert32, M, TOPK_ROWS, TOPK)
+        routed = rows_to(routed_r.to(tl.int32), TOPK_ROWS, M_PAD) > 0
+        token_slot = rows_to(slot_r, TOPK_ROWS, M_PAD)
+    else:
+        # All three reads at once, none waiting for the count: a slot past it reads an unwritten
+        # entry of the list (at least E long) and exits below without using it.
+        n_experts = tl.load(n_experts_ptr)
+        expert32 = tl.load(experts_ptr + slot)
         ids = tl.load(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], mask=(offs_m < M)[:, None], other=-1)
-        routed, token_slot = tokens_of_expert(ids, expert.to(tl.int32), M, M_PAD, TOPK)
+        routed, token_slot = tokens_of_expert(ids, expert32, M, M_PAD, TOPK)
+    if slot < n_experts:
+        expert = expert32.to(tl.int64)
         gate_blk = expert * (2 * RB * KB) + pid_b * KB
         up_blk = gate_blk + RB * KB
         x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm

@@ -1,10 +1,16 @@
 """Top-k routing as Triton helpers (not kernels).
 
-The router kernel's last program runs publish_routing: top-k + softmax of all
-M tokens from the partial logits (M x E fp32, at most 32 x 128), then the
-list of distinct experts any token chose. The expert kernels' grid slot s
-takes the s-th of those, so each expert's weights are read once per layer,
-however many tokens chose it, and no host round-trip decides the grid.
+publish_routing: top-k + softmax of all M tokens from the router's partial
+logits (M x E fp32, at most 32 x 128), then the list of distinct experts any
+token chose. The expert kernels' grid slot s takes the s-th of those, so each
+expert's weights are read once per layer, however many tokens chose it, and no
+host round-trip decides the grid.
+
+Who runs it depends on the launch plan (moe.launch_plan): from a few tokens
+on, the router kernel's last program, once; at the fewest tokens every gate_up
+program runs the top-k itself (topk_softmax, expert_of_slot) and its first
+program stores the tables for down, so the router ends without an arrival and
+a serial tail.
 """
 
 from __future__ import annotations
@@ -61,6 +67,13 @@ def publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_pt
                     M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
     """Top-k of the summed partials -> ids/weights [M, TOPK], the distinct experts in index order, their count."""
     ids, weights, used = topk_softmax(partial_ptr, M, E, N_SPLIT, M_PAD, E_PAD, TOPK)
+    store_routing(ids, weights, used, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr, M, E, M_PAD, E_PAD, TOPK)
+
+
+@triton.jit
+def store_routing(ids, weights, used, ids_ptr, weights_ptr, experts_ptr, n_experts_ptr,
+                  M, E, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+    """topk_softmax's results -> the tables the expert kernels read."""
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     offs_e = tl.arange(0, E_PAD)
@@ -70,3 +83,19 @@ def publish_routing(partial_ptr, ids_ptr, weights_ptr, experts_ptr, n_experts_pt
     rank = tl.cumsum(used, axis=0) - 1
     tl.store(experts_ptr + rank, offs_e.to(tl.int32), mask=(used > 0) & (offs_e < E))
     tl.store(n_experts_ptr, tl.sum(used, axis=0))
+
+
+@triton.jit
+def expert_of_slot(used, slot, E_PAD: tl.constexpr):
+    """-> (the slot-th distinct expert in index order, the number of distinct experts); used as topk_softmax's."""
+    offs_e = tl.arange(0, E_PAD)
+    rank = tl.cumsum(used, axis=0) - 1
+    expert = tl.sum(tl.where((used > 0) & (rank == slot), offs_e, 0), axis=0)
+    return expert, tl.sum(used, axis=0)
+
+
+@triton.jit
+def rows_to(v, R: tl.constexpr, M_PAD: tl.constexpr):
+    """A vector over R rows -> the same over M_PAD rows: zero past R, rows past M_PAD dropped (a select)."""
+    pick = tl.arange(0, R)[None, :] == tl.arange(0, M_PAD)[:, None]
+    return tl.sum(tl.where(pick, v[None, :], 0), axis=1)

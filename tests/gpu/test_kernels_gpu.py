@@ -166,7 +166,8 @@ def test_decode_variants_match_reference(decode, m):
 
 @pytest.mark.parametrize("m,change", [(2, {"few_tokens_max": 2}), (1, {"few_tokens_gate_up_k_parts": 3}),
                                       (1, {"down_k_parts": False, "few_tokens_max": 0}),
-                                      (1, {"pdl": False}), (8, {"pdl": False})])
+                                      (1, {"pdl": False}), (8, {"pdl": False}),
+                                      (1, {"topk_in_gate_up_max": 0}), (4, {"topk_in_gate_up_max": 4})])
 def test_launch_plan_options_match_reference(m, change):
     """The launch plans the benchmark sweeps (moe.launch_plan), beyond the default's."""
     from dataclasses import replace

@@ -55,12 +55,19 @@ def test_mma_sync_layout_takes_8_token_columns_up_to_8_tokens():
     assert launch_plan(1, 4, replace(DEFAULT_CONFIG, router_m_pad=8), mma=3).router_m_pad == 8
 
 
+def test_topk_runs_in_gate_up_up_to_its_token_limit():
+    assert [launch_plan(m, 4).topk_in_gate_up for m in (1, 2, 3, 32)] == [True, True, False, False]
+    cfg = replace(DEFAULT_CONFIG, topk_in_gate_up_max=0)
+    assert not any(launch_plan(m, 4, cfg).topk_in_gate_up for m in (1, 2))
+
+
 @pytest.mark.parametrize("mma", [2, 3])
 def test_aot_token_counts_cover_every_plan(mma):
     """The AOT build launches one token count per distinct plan; every m in 1..32 maps to one of them."""
     counts = token_counts(GPT_OSS_120B, mma)
-    # K shares at 1; top-k rows 4, 8, 16, 32 from 2, 5, 9, 17 (and on layout 2 the 8-column tile up to 8)
-    assert counts == [1, 2, 5, 9, 17]
+    # K shares at 1; the top-k in gate_up up to 2; top-k rows 4, 8, 16, 32 from 2, 5, 9, 17 (and on
+    # layout 2 the 8-column tile up to 8)
+    assert counts == [1, 2, 3, 5, 9, 17]
     plans = distinct_plans(4, mma=mma)
     assert {launch_plan(m, 4, mma=mma) for m in range(1, 33)} == set(plans)
     assert sorted(plans.values()) == counts
