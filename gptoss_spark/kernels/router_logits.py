@@ -2,13 +2,14 @@
 
 Why split K and not rows only: E is 128 (120b) or 32 (20b), so a grid over
 experts alone gives 8 or 2 programs, too few to pull the 0.7 MB router weight
-at full bandwidth. The SPLIT_K partial sums (fp32, a few KB) are added up,
-with the bias, in the expert kernel's top-k prologue: no atomics, no zeroing,
-deterministic, one launch.
+at full bandwidth. The SPLIT_K partial sums (fp32, a few KB) are added up
+(the bias is in split 0) by whoever takes the top-k: no atomics, no zeroing,
+deterministic, no extra launch.
 
-With FUSE_TOPK the last program to finish also does the top-k + softmax
-(routing.publish_routing) and writes the tables the expert kernels read, so
-the experts' many programs need no prologue and the layer no extra launch.
+With FUSE_TOPK (from 3 tokens, moe.launch_plan) the last program to finish
+does the top-k + softmax (routing.publish_routing) and writes the tables the
+expert kernels read. At 1 and 2 tokens the kernel ends after its partials and
+every gate_up program takes the top-k itself (moe_gate_up.py, ROUTE).
 
 Why M <= 32 costs the same as M = 1: tokens are the N side of a tensor-core
 dot padded to M_PAD (16 or 32) columns, and the weight is read once for all
