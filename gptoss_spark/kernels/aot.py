@@ -187,11 +187,40 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
               K_PARTS=plan.down_k_parts, PDL=cfg.pdl),
          dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages, launch_pdl=cfg.pdl)),
     ]
-    ints = _int_args(shape, k_per_split)
-    prefixes = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down"}
+    return _compile_jobs(jobs, _int_args(shape, k_per_split), target)
+
+
+def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple[str, object]]:
+    """triton.compile() the two prefill kernels (moe_prefill.py) for shape; returns (name, CompiledKernel)."""
+    from .moe_prefill import DEFAULT_PREFILL, PREFILL_WARPS, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
+    from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT
+    from .mxfp4_layout import mma_layout_for_capability
+    cfg = config or DEFAULT_PREFILL
+    mma = mma_layout_for_capability(target.arch // 10)
+    common = dict(H=shape.hidden, I=shape.intermediate, BLOCK_M=cfg.block_m, MMA=mma, HAS_BIAS=shape.has_bias,
+                  DECODE=2, INTERPRET=False)
+    opts = dict(num_warps=PREFILL_WARPS, num_stages=cfg.stages)
+    jobs = [
+        (moe_prefill_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
+                                      "h_ptr": "*bf16", "pairs_ptr": "*i32", "block_expert_ptr": "*i32"},
+         dict(common, TOPK=shape.top_k, C=cfg.gate_up_c, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT), opts),
+        (moe_prefill_down_kernel, {"h_ptr": "*bf16", "pairs_ptr": "*i32", "block_expert_ptr": "*i32",
+                                   "route_weights_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
+                                   "y_ptr": "*fp32"},
+         dict(common, C=cfg.down_c), opts),
+    ]
+    return _compile_jobs(jobs, _int_args(shape, 0), target)
+
+
+_PREFIXES = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down",
+             "moe_prefill_gate_up_kernel": "prefill_gate_up", "moe_prefill_down_kernel": "prefill_down"}
+
+
+def _compile_jobs(jobs, ints: dict[str, int], target) -> list[tuple[str, object]]:
+    import triton
     out = []
     for kernel, ptrs, consts, opts in jobs:
-        attrs = _attrs(kernel, prefixes[kernel.fn.__name__], ints, consts)
+        attrs = _attrs(kernel, _PREFIXES[kernel.fn.__name__], ints, consts)
         src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, ptrs, consts), constexprs=consts,
                                         attrs=attrs)
         out.append((kernel.fn.__name__, triton.compile(src, target=target, options=opts)))
@@ -209,9 +238,13 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     mma = mma_layout_for_capability(major)
     compiled = []
     for shape in shapes:
-        for m in token_counts(shape, mma):
+        builds = [(_plan_name(shape, m, mma), lambda m=m, shape=shape: compile_variants(shape, m, target))
+                  for m in token_counts(shape, mma)]
+        builds.append(("prefill (moe_prefill.py, not used by the ops yet)",
+                       lambda shape=shape: compile_prefill_variants(shape, target)))
+        for label, build in builds:
             try:
-                kernels = compile_variants(shape, m, target)
+                kernels = build()
             except (FileNotFoundError, RuntimeError) as e:
                 if "ptxas" in str(e):  # the NVIDIA backend's assembler is missing or too old for the arch
                     raise ToolchainError(f"kernels build for sm_{major}{minor} needs a ptxas that knows it: "
@@ -220,7 +253,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
             for name, ck in kernels:
                 ptx = ck.asm.get("ptx", "")
                 tgt = next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), "?")
-                compiled.append(f"{shape.name} {_plan_name(shape, m, mma)} {name} -> {tgt}")
+                compiled.append(f"{shape.name} {label} {name} -> {tgt}")
     return BuildReport("compile-only", f"sm_{major}{minor}", compiled, None)
 
 

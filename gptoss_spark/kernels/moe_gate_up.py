@@ -43,11 +43,9 @@ SWIGLU_LIMIT = 7.0
 
 
 @triton.jit
-def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                  I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """bias + SwiGLU of one row block's gate/up sums; h (bf16) for the tokens routed to the expert."""
-    offs_m = tl.arange(0, M_PAD)
+def swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I: tl.constexpr, HAS_BIAS: tl.constexpr,
+           ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """bias + gpt-oss SwiGLU of row block pid_b's gate/up sums [64, token columns] -> h (fp32)."""
     offs_i = pid_b * 64 + tl.arange(0, 64)
     if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
         b_base = b_ptr + expert * (2 * I)
@@ -55,14 +53,24 @@ def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_s
         acc_up += tl.load(b_base + I + offs_i).to(tl.float32)[:, None]
     gate = tl.minimum(acc_gate, LIMIT)
     up = tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT)
-    h = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+    return (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+
+
+@triton.jit
+def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                  I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """bias + SwiGLU of one row block's gate/up sums; h (bf16) for the tokens routed to the expert."""
+    offs_m = tl.arange(0, M_PAD)
+    offs_i = pid_b * 64 + tl.arange(0, 64)
+    h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
     # h is [M, TOPK, I]: token m's k-th expert output row.
     h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
     tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])
 
 
 @triton.jit
-def _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, k_lo: tl.constexpr, k_hi: tl.constexpr,
+def gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, k_lo: tl.constexpr, k_hi: tl.constexpr,
                  acc_gate, acc_up, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
                  INTERPRET: tl.constexpr):
     """acc_gate/acc_up [64, M_PAD] += the gate/up row block over 64-k blocks k_lo..k_hi; one x tile feeds both."""
@@ -127,7 +135,7 @@ def moe_gate_up_kernel(
         acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
         acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
         if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
-            acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
+            acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
                                             acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
             pdl_launch_next(PDL)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
@@ -136,7 +144,7 @@ def moe_gate_up_kernel(
             for p in tl.static_range(K_PARTS):
                 # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
                 if k_part == p:
-                    acc_gate, acc_up = _gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
+                    acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
                                                     KB if (p + 1) * KBP > KB else (p + 1) * KBP,
                                                     acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
             pdl_launch_next(PDL)

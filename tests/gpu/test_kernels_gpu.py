@@ -224,3 +224,16 @@ def test_pdl_layers_chained_in_a_cuda_graph():
         mid = reference.moe_block_ref(static_x, *blocks[0][1:], 4)
         ref = reference.moe_block_ref(mid, *blocks[1][1:], 4)
         assert rel_err(static_out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("m", [33, 300])
+def test_prefill_matches_reference(m):
+    """moe_prefill.py (tokens grouped by expert) at gpt-oss-120b shapes. The ops do not use it yet:
+    this is the check to run before they do."""
+    from gptoss_spark.kernels import moe_prefill, reference
+    from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
+    args = make_block(128, m, seed=700 + m)
+    x, rw, rb, *experts = kernel_args(args)
+    ids, weights = reference.topk_softmax_ref(reference.router_logits_ref(x, rw, rb), 4)
+    out = moe_prefill.moe_prefill(x, ids, weights, *experts, mma=mma_layout_for("cuda"))
+    assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3

@@ -36,6 +36,8 @@ def test_compile_only_build_for_sm121a():
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) >= 6 and all(line.endswith("sm_121a") for line in lines), r.stdout
+    for kernel in ("moe_prefill_gate_up_kernel", "moe_prefill_down_kernel"):
+        assert sum(kernel in line for line in lines) == 1, r.stdout
 
 
 def test_build_without_gpu_fails_in_one_line(capsys, tmp_path):

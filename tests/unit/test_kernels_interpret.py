@@ -42,7 +42,7 @@ if not IN_CHILD:
 @pytest.fixture(scope="module")
 def k():
     mods = {n: importlib.import_module(f"gptoss_spark.kernels.{n}")
-            for n in ("moe", "reference", "mxfp4", "mxfp4_layout", "router_logits", "ops")}
+            for n in ("moe", "moe_prefill", "reference", "mxfp4", "mxfp4_layout", "router_logits", "ops")}
     return type("Kernels", (), mods)
 
 
@@ -167,6 +167,22 @@ def test_topk_in_gate_up_matches_topk_in_router(k, m, min_rows, mma):
     ref_ids, _ = k.reference.topk_softmax_ref(k.reference.router_logits_ref(*args[:3]), 4)
     assert torch.equal(ids_g, ref_ids)
     assert rel_err(out_g, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL
+
+
+@child_only
+@pytest.mark.parametrize("m,e,top_k,bias,mma,c", [(40, 8, 4, True, 3, 1), (70, 16, 2, False, 2, 1),
+                                                  (33, 32, 4, True, 2, 2), (36, 8, 2, True, 3, 2)])
+def test_prefill_matches_reference(k, m, e, top_k, bias, mma, c):
+    """The prefill kernels (tokens grouped by expert into blocks of 16 pairs, so an expert spans
+    several blocks and most blocks end padded) against the reference; c = 2 at K = 192: a loop
+    iteration of 2 blocks plus a tail block, both layouts."""
+    hi = 64 if c == 1 else 192
+    args = make_block(k, e, m, bias, seed=900 + m, h=hi, i=hi)
+    x, rw, rb, *experts = kernel_args(k, args, mma)
+    ids, weights = k.reference.topk_softmax_ref(k.reference.router_logits_ref(x, rw, rb), top_k)
+    cfg = k.moe_prefill.PrefillConfig(block_m=16, gate_up_c=c, down_c=c)
+    out = k.moe_prefill.moe_prefill(x, ids, weights, *experts, mma=mma, config=cfg)
+    assert rel_err(out, k.reference.moe_block_ref(*args, top_k)) < INTERPRETER_TOL
 
 
 @child_only

@@ -1,0 +1,165 @@
+"""Prefill MoE (any number of tokens) on the decode kernels' weight layout: tokens grouped by expert.
+
+The decode kernels give each expert's program every token of the call (at
+most 32) and mask the ones not routed to it; for a prefill chunk that would
+read each touched expert once per 32 tokens. Here the (token, k) pairs are
+sorted by expert into blocks of BLOCK_M pairs (align_pairs, torch, no host
+sync, static shapes so a CUDA graph can hold it), and program (row block,
+pair block) reads its expert's row block once for BLOCK_M pairs:
+
+  1. moe_prefill_gate_up_kernel  x rows of the block's tokens @ gate/up^T,
+                                 bias, SwiGLU -> h [pairs, I] (bf16)
+  2. moe_prefill_down_kernel     h @ down^T + bias, times the pair's routing
+                                 weight -> y [pairs, H] (fp32)
+  3. y summed over each token's top-k pairs in torch (a fixed order: deterministic)
+
+The routing itself is torch (logits in fp32 from the bf16 inputs, top-k,
+softmax over the selected), as in reference.py. Both kernels reuse the decode
+kernels' loops (moe_gate_up.gate_up_dot, mxfp4_decode.mxfp4_rows_dot): the
+pair block is the tensor-core tile's token columns.
+
+Status: correct against the reference in the CPU interpreter and compiled for
+sm_90a and sm_121a; not yet run on a GPU, so ops.moe_block does not use it
+yet (docs/KERNELS.md, "Prefill").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, gate_up_dot, swiglu
+from .mxfp4_decode import mxfp4_rows_dot
+from .runtime import interpreting
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tiles of the prefill kernels: chosen from the compiled binaries, not yet timed on a GPU.
+
+    With 64 pair columns and 3 stages, sm_121a (Triton 3.6 and 3.9): C = 1 gives gate_up 168
+    registers and 26 KB of shared memory, 3 programs per SM in GB10's 64 K registers and 100 KB;
+    C = 2 gives 52 KB, 1 program. (sm_90a, C = 1: 128 registers, 34 KB.)
+    """
+    block_m: int = 64   # (token, k) pairs per program: the tensor-core tile's token columns
+    gate_up_c: int = 1  # 64-k blocks per loop iteration
+    down_c: int = 1
+    stages: int = 3
+
+
+DEFAULT_PREFILL = PrefillConfig()
+PREFILL_WARPS = 4  # one warpgroup: 64 weight rows per tile (mxfp4_layout.py)
+
+
+def align_pairs(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids [M, K] -> (pairs [B * block_m] int32, block_expert [B] int32), B = cdiv(M K, block_m) + E.
+
+    Pair p = m * K + k. Each expert's pairs fill whole blocks (the last one padded with
+    M K, which the kernels skip), in token order; block_expert[b] is the expert of block b,
+    -1 for the blocks past the last used one. B bounds sum_e cdiv(count_e, block_m)
+    without reading the counts on the host.
+    """
+    flat = ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    dev = flat.device
+    n_blocks = triton.cdiv(n, block_m) + experts
+    counts = torch.zeros(experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    blocks_end = torch.cumsum(blocks, 0)
+    order = torch.argsort(flat, stable=True)          # pairs by expert, token order within one
+    sorted_e = flat[order]
+    first = torch.cumsum(counts, 0) - counts          # where expert e starts in that order
+    rank = torch.arange(n, device=dev) - first[sorted_e]
+    slot = (blocks_end - blocks)[sorted_e] * block_m + rank
+    pairs = torch.full((n_blocks * block_m,), n, dtype=torch.int32, device=dev)
+    pairs[slot] = order.to(torch.int32)
+    owner = torch.searchsorted(blocks_end, torch.arange(n_blocks, device=dev), right=True)
+    block_expert = torch.where(owner < experts, owner, -1).to(torch.int32)
+    return pairs, block_expert
+
+
+@triton.jit
+def moe_prefill_gate_up_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, h_ptr, pairs_ptr, block_expert_ptr,
+    N_PAIRS, stride_xm,
+    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, C: tl.constexpr,
+    MMA: tl.constexpr, HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
+    ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT,
+):
+    KB: tl.constexpr = H // 64
+    RB: tl.constexpr = I // 64
+    pid_b = tl.program_id(0)
+    blk = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + blk)
+    if expert >= 0:
+        pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pair < N_PAIRS
+        pair = tl.where(valid, pair, 0)  # padding columns read pair 0's token and are never stored
+        x_rows = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
+        gate_blk = expert.to(tl.int64) * (2 * RB * KB) + pid_b * KB
+        acc_gate = tl.zeros((64, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((64, BLOCK_M), dtype=tl.float32)
+        acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, gate_blk + RB * KB, x_rows, 0, KB,
+                                       acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+        h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
+        offs_i = pid_b * 64 + tl.arange(0, 64)
+        tl.store(h_ptr + pair.to(tl.int64)[None, :] * I + offs_i[:, None], h.to(tl.bfloat16), mask=valid[None, :])
+
+
+@triton.jit
+def moe_prefill_down_kernel(
+    h_ptr, pairs_ptr, block_expert_ptr, route_weights_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
+    N_PAIRS,
+    H: tl.constexpr, I: tl.constexpr, BLOCK_M: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    KB: tl.constexpr = I // 64
+    RB: tl.constexpr = H // 64
+    pid_n = tl.program_id(0)
+    blk = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + blk)
+    if expert >= 0:
+        pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pair < N_PAIRS
+        pair = tl.where(valid, pair, 0).to(tl.int64)
+        acc = tl.zeros((64, BLOCK_M), dtype=tl.float32)
+        acc = mxfp4_rows_dot(w_ptr, s_ptr, (expert.to(tl.int64) * RB + pid_n) * KB, h_ptr + pair * I, 0, KB,
+                             KB // C * C, False, acc, C, MMA, DECODE, INTERPRET)
+        offs_n = pid_n * 64 + tl.arange(0, 64)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + expert * H + offs_n).to(tl.float32)[:, None]
+        acc *= tl.load(route_weights_ptr + pair)[None, :]
+        tl.store(y_ptr + pair[None, :] * H + offs_n[:, None], acc, mask=valid[None, :])
+
+
+def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
+                w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
+                mma: int, config: PrefillConfig = DEFAULT_PREFILL) -> torch.Tensor:
+    """x [M, H] bf16 routed by ids / weights [M, K] -> [M, H] bf16; experts as mxfp4_layout.SwizzledExperts."""
+    m, h = x.shape
+    top_k = ids.shape[1]
+    e = w13.shape[0]
+    i = w13.shape[1] * 32
+    x = x.contiguous()
+    dev = x.device
+    interp = interpreting()
+    decode = 1 if interp else 2  # (the PTX decode does not run in the interpreter)
+    n_pairs = m * top_k
+    pairs, block_expert = align_pairs(ids, e, config.block_m)
+    n_blocks = block_expert.numel()
+    dummy = x  # stands in for absent biases; never read
+    hs = torch.empty((n_pairs, i), dtype=torch.bfloat16, device=dev)
+    moe_prefill_gate_up_kernel[(i // 64, n_blocks)](
+        x, w13, s13, b13 if b13 is not None else dummy, hs, pairs, block_expert, n_pairs, x.stride(0),
+        H=h, I=i, TOPK=top_k, BLOCK_M=config.block_m, C=config.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None,
+        DECODE=decode, INTERPRET=interp, num_warps=PREFILL_WARPS, num_stages=config.stages)
+    y = torch.empty((n_pairs, h), dtype=torch.float32, device=dev)
+    moe_prefill_down_kernel[(h // 64, n_blocks)](
+        hs, pairs, block_expert, weights.to(torch.float32).contiguous(), w2, s2, b2 if b2 is not None else dummy,
+        y, n_pairs, H=h, I=i, BLOCK_M=config.block_m, C=config.down_c, MMA=mma, HAS_BIAS=b2 is not None,
+        DECODE=decode, INTERPRET=interp, num_warps=PREFILL_WARPS, num_stages=config.stages)
+    return y.view(m, top_k, h).sum(1).to(torch.bfloat16)
