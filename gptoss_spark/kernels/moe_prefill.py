@@ -82,6 +82,14 @@ def align_pairs(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Te
 
 
 @triton.jit
+def _pairs_of_block(pairs_ptr, blk, N_PAIRS, BLOCK_M: tl.constexpr):
+    """-> (the block's pairs as int64, which are real): padding becomes pair 0, a real row, never stored."""
+    pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < N_PAIRS
+    return tl.where(valid, pair, 0).to(tl.int64), valid
+
+
+@triton.jit
 def moe_prefill_gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, h_ptr, pairs_ptr, block_expert_ptr,
     N_PAIRS, stride_xm,
@@ -92,13 +100,10 @@ def moe_prefill_gate_up_kernel(
     KB: tl.constexpr = H // 64
     RB: tl.constexpr = I // 64
     pid_b = tl.program_id(0)
-    blk = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + blk)
+    expert = tl.load(block_expert_ptr + tl.program_id(1))
     if expert >= 0:
-        pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < N_PAIRS
-        pair = tl.where(valid, pair, 0)  # padding columns read pair 0's token and are never stored
-        x_rows = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
+        pair, valid = _pairs_of_block(pairs_ptr, tl.program_id(1), N_PAIRS, BLOCK_M)
+        x_rows = x_ptr + (pair // TOPK) * stride_xm
         gate_blk = expert.to(tl.int64) * (2 * RB * KB) + pid_b * KB
         acc_gate = tl.zeros((64, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((64, BLOCK_M), dtype=tl.float32)
@@ -106,7 +111,7 @@ def moe_prefill_gate_up_kernel(
                                        acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
         h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
         offs_i = pid_b * 64 + tl.arange(0, 64)
-        tl.store(h_ptr + pair.to(tl.int64)[None, :] * I + offs_i[:, None], h.to(tl.bfloat16), mask=valid[None, :])
+        tl.store(h_ptr + pair[None, :] * I + offs_i[:, None], h.to(tl.bfloat16), mask=valid[None, :])
 
 
 @triton.jit
@@ -119,12 +124,9 @@ def moe_prefill_down_kernel(
     KB: tl.constexpr = I // 64
     RB: tl.constexpr = H // 64
     pid_n = tl.program_id(0)
-    blk = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + blk)
+    expert = tl.load(block_expert_ptr + tl.program_id(1))
     if expert >= 0:
-        pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < N_PAIRS
-        pair = tl.where(valid, pair, 0).to(tl.int64)
+        pair, valid = _pairs_of_block(pairs_ptr, tl.program_id(1), N_PAIRS, BLOCK_M)
         acc = tl.zeros((64, BLOCK_M), dtype=tl.float32)
         acc = mxfp4_rows_dot(w_ptr, s_ptr, (expert.to(tl.int64) * RB + pid_n) * KB, h_ptr + pair * I, 0, KB,
                              KB // C * C, False, acc, C, MMA, DECODE, INTERPRET)
