@@ -262,34 +262,33 @@ def bench_router(cfg, ms=(1, 2, 4, 8, 16, 32)):
     copies = 96  # 96 x 0.74 MB > 60 MB L2
     ws = [(torch.randn(E, H, device=DEV) * 0.05).bfloat16() for _ in range(copies)]
     bs = [(torch.randn(E, device=DEV) * 0.1).bfloat16() for _ in range(copies)]
+
+    def per_call_us(call):
+        """us per call(w, b), over every router copy in one CUDA graph (so none is in L2)."""
+        return graph_ms([lambda w=w, b=b: call(w, b) for w, b in zip(ws, bs)]) * 1e3 / copies
+
+    split = dict(split_k=cfg.router_split_k, block_e=cfg.router_block_e, block_k=cfg.router_block_k)
     rows = []
     for m in ms:
         x = torch.randn(m, H, device=DEV).bfloat16()
         tables = (torch.empty(m, TOPK, dtype=torch.int32, device=DEV), torch.empty(m, TOPK, device=DEV),
                   torch.empty(E, dtype=torch.int32, device=DEV), torch.empty(1, dtype=torch.int32, device=DEV),
                   torch.zeros(1, dtype=torch.int32, device=DEV))
-        topk_rows = launch_plan(m, TOPK, cfg).topk_rows  # as the layer launches it
-        ours_split = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=cfg.router_split_k,
-                                                                      block_e=cfg.router_block_e,
-                                                                      block_k=cfg.router_block_k, routing=tables,
-                                                                      top_k=TOPK, topk_rows=topk_rows)
-                               for w, b in zip(ws, bs)]) * 1e3 / copies
+        plan = launch_plan(m, TOPK, cfg)  # as the layer launches it
+        ours_split = per_call_us(lambda w, b: router_logits_partial(x, w, b, **split, routing=tables, top_k=TOPK,
+                                                                    topk_rows=plan.topk_rows))
         # The partials alone: the router kernel as the layer launches it when gate_up takes the top-k.
-        ours_logits = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=cfg.router_split_k,
-                                                                       block_e=cfg.router_block_e,
-                                                                       block_k=cfg.router_block_k)
-                                for w, b in zip(ws, bs)]) * 1e3 / copies
-        ours_one = graph_ms([lambda w=w, b=b: router_logits_partial(x, w, b, split_k=1)
-                             for w, b in zip(ws, bs)]) * 1e3 / copies
-        cublas = graph_ms([lambda w=w, b=b: torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs)]) * 1e3 / copies
+        ours_logits = per_call_us(lambda w, b: router_logits_partial(x, w, b, **split))
+        ours_one = per_call_us(lambda w, b: router_logits_partial(x, w, b, split_k=1))
+        cublas = per_call_us(lambda w, b: torch.nn.functional.linear(x, w, b))
 
         def torch_topk(w, b):
             lg = torch.nn.functional.linear(x, w, b)
             v, i = lg.float().topk(TOPK, dim=-1)
             return torch.softmax(v, -1), i
-        cublas_topk = graph_ms([lambda w=w, b=b: torch_topk(w, b) for w, b in zip(ws, bs)]) * 1e3 / copies
+        cublas_topk = per_call_us(torch_topk)
         rows.append({"M": m, "ours_ksplit_us": ours_split, "ours_ksplit_logits_only_us": ours_logits,
-                     "topk_in_gate_up": launch_plan(m, TOPK, cfg).topk_in_gate_up, "ours_logits_op_us": ours_one,
+                     "topk_in_gate_up": plan.topk_in_gate_up, "ours_logits_op_us": ours_one,
                      "cublas_bf16_us": cublas, "cublas_plus_topk_softmax_us": cublas_topk})
     return rows
 

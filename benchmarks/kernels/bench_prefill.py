@@ -6,9 +6,9 @@ Per gpt-oss-120b layer, for each token count: the grouped prefill kernels
 (routing in torch included), ops.moe_block_chunked (the decode kernels 32 tokens
 at a time: what the vLLM plugin runs for prefill today), and the torch reference
 on one small case for correctness. Each variant of PrefillConfig is checked
-against the reference before it is timed. Times are medians of CUDA-event
-timed calls (eager, not a graph: a prefill chunk is not graph-captured in vLLM
-past its capture sizes), over 2 layers of distinct weights.
+against the reference before it is timed. Times: each of 2 layers (distinct
+weights) timed by triton.testing.do_bench (median of eager calls: a prefill
+chunk past vLLM's capture sizes is not in a CUDA graph), averaged.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def main():
     args = ap.parse_args()
     mma = mma_layout_for("cuda")
     layers = [Layer(seed=s) for s in range(2)]
-    print(f"# {torch.cuda.get_device_name()}  layout {mma}  us per layer (median over {len(layers)} layers)")
+    print(f"# {torch.cuda.get_device_name()}  layout {mma}  us per layer (each layer's median, mean of "
+          f"{len(layers)} layers)")
     x_check = torch.randn(100, H, device="cuda").bfloat16()
     ref = reference.moe_block_ref(x_check, *layers[0].args(), TOPK)
     print("| tokens | " + " | ".join(f"prefill {v or 'default'}" for v in args.variants)
@@ -62,13 +63,13 @@ def main():
         cfgs.append(cfg)
     for m in (int(t) for t in args.tokens.split(",")):
         xs = [torch.randn(m, H, device="cuda").bfloat16() for _ in layers]
-        row = []
-        for cfg in cfgs:
-            row.append(sum(median_ms(lambda x=x, lay=lay: routed_prefill(x, lay, mma, cfg), rep=50)
-                           for x, lay in zip(xs, layers)) / len(layers) * 1e3)
-        chunked = [median_ms(lambda x=x, lay=lay: moe_block_chunked(x, lay.rw, lay.rb, *lay.experts(), TOPK), rep=20)
-                   for x, lay in zip(xs, layers)]
-        row.append(sum(chunked) / len(layers) * 1e3)
+
+        def per_layer_us(call, rep):
+            """us of call(x, layer): each layer's median, averaged over the layers."""
+            return sum(median_ms(lambda x=x, lay=lay: call(x, lay), rep=rep) for x, lay in zip(xs, layers)) \
+                / len(layers) * 1e3
+        row = [per_layer_us(lambda x, lay, cfg=cfg: routed_prefill(x, lay, mma, cfg), 50) for cfg in cfgs]
+        row.append(per_layer_us(lambda x, lay: moe_block_chunked(x, lay.rw, lay.rb, *lay.experts(), TOPK), 20))
         print(f"| {m} | " + " | ".join(f"{t:.0f}" for t in row) + " |")
 
 

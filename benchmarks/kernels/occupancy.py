@@ -2,7 +2,8 @@
 
     python3 benchmarks/kernels/occupancy.py --arch 12.1a [--set mma_sync_m_pad=16 ...]   # no GPU needed
 
-Compiles the variants the AOT build would (aot.compile_variants, gpt-oss-120b),
+Compiles the variants the AOT build would (aot.compile_variants, gpt-oss-120b)
+and the prefill kernels (aot.compile_prefill_variants),
 reads each binary's registers (cuobjdump -res-usage, shipped with Triton) and
 shared memory (Triton's metadata), and works out how many programs of 4 warps
 one SM holds under that arch's limits, and which limit binds. The limits are
@@ -65,7 +66,7 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from gptoss_spark.kernels.aot import _plan_name, compile_variants, parse_arch
+    from gptoss_spark.kernels.aot import _plan_name, compile_prefill_variants, compile_variants, parse_arch
     from gptoss_spark.kernels.moe import DEFAULT_CONFIG
     from gptoss_spark.kernels.mxfp4_layout import mma_layout_for_capability
     from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts
@@ -80,9 +81,11 @@ def main() -> None:
     print("| plan | kernel | registers | shared memory (KB) | programs per SM | bound by |")
     print("|---|---|---|---|---|---|")
     target = GPUTarget("cuda", major * 10 + minor, 32)
-    for m in token_counts(GPT_OSS_120B, mma):
-        plan = _plan_name(GPT_OSS_120B, m, mma, cfg)
-        for name, ck in compile_variants(GPT_OSS_120B, m, target, cfg):
+    builds = [(_plan_name(GPT_OSS_120B, m, mma, cfg), compile_variants(GPT_OSS_120B, m, target, cfg))
+              for m in token_counts(GPT_OSS_120B, mma)]
+    builds.append(("prefill (moe_prefill.py, default PrefillConfig)", compile_prefill_variants(GPT_OSS_120B, target)))
+    for plan, kernels in builds:
+        for name, ck in kernels:
             regs = registers(ck.asm["cubin"])
             smem = ck.metadata.shared
             n, why = programs_per_sm(regs, smem, major)
