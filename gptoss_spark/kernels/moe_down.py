@@ -58,13 +58,14 @@ def moe_down_kernel(
     k_hi = tl.minimum(k_lo + KBP, KB)
     # Shares of K: each loops over KBP blocks rounded up to C, masked past its end (mxfp4_rows_dot).
     N_LOOP: tl.constexpr = (KBP + C - 1) // C * C if K_PARTS > 1 else KB // C * C
+    GROUPS: tl.constexpr = SPLIT // K_PARTS  # expert groups: group g takes the experts g, g + GROUPS, ...
     out = tl.zeros((64, M_PAD), dtype=tl.float32)
     # The first expert is read with the count, not after it: one L2 round trip fewer before the
     # loop (the list has at least SPLIT entries, moe.py; a slot past the count is never used).
     expert_next = tl.load(experts_ptr + pid_split // K_PARTS)
-    for s in range(pid_split // K_PARTS, n_experts, SPLIT // K_PARTS):
+    for s in range(pid_split // K_PARTS, n_experts, GROUPS):
         expert = expert_next.to(tl.int64)
-        expert_next = tl.load(experts_ptr + s + SPLIT // K_PARTS, mask=s + SPLIT // K_PARTS < n_experts, other=0)
+        expert_next = tl.load(experts_ptr + s + GROUPS, mask=s + GROUPS < n_experts, other=0)
         routed, token_slot = tokens_of_expert(ids, expert.to(tl.int32), M, M_PAD, TOPK)
         token_weight = tl.sum(tl.where(offs_t[None, :] == token_slot[:, None], weights, 0.0), axis=1)
         token_weight = tl.where(routed, token_weight, 0.0)

@@ -71,8 +71,8 @@ def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_s
 
 @triton.jit
 def gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, k_lo: tl.constexpr, k_hi: tl.constexpr,
-                 acc_gate, acc_up, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
-                 INTERPRET: tl.constexpr):
+                acc_gate, acc_up, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
+                INTERPRET: tl.constexpr):
     """acc_gate/acc_up [64, M_PAD] += the gate/up row block over 64-k blocks k_lo..k_hi; one x tile feeds both."""
     offs_k = tl.arange(0, C * 64)
     for c0 in range(k_lo, k_hi - (k_hi - k_lo) % C, C):
@@ -136,7 +136,7 @@ def moe_gate_up_kernel(
         acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
         if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
             acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
-                                            acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+                                           acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
             pdl_launch_next(PDL)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
                           I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
@@ -145,8 +145,8 @@ def moe_gate_up_kernel(
                 # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
                 if k_part == p:
                     acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
-                                                    KB if (p + 1) * KBP > KB else (p + 1) * KBP,
-                                                    acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+                                                   KB if (p + 1) * KBP > KB else (p + 1) * KBP,
+                                                   acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
             pdl_launch_next(PDL)
             # fp32 sums [K_PARTS, slots, 2 (gate, up), I, M]; the last share to finish adds them.
             offs_i = pid_b * 64 + tl.arange(0, 64)
