@@ -88,8 +88,9 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Triton reads its cache dir when the cache manager is first used: set it before any compile.
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    from .moe import MAX_DECODE_TOKENS
     from .mxfp4_layout import mma_layout_for
-    from .ops import moe_decode, router_logits
+    from .ops import moe_block, moe_decode, router_logits
     mma = mma_layout_for("cuda")
     compiled = []
     for shape in shapes:
@@ -98,6 +99,9 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
             moe_decode(*args, shape.top_k)
             router_logits(args[0], args[1], args[2])
             compiled.append(f"{shape.name} {_plan_name(shape, m, mma)}")
+        # Prefill: one binary per kernel serves every length (its pair count is not specialized).
+        moe_block(*_dummy_inputs(shape, MAX_DECODE_TOKENS + 1, "cuda"), shape.top_k)
+        compiled.append(f"{shape.name} prefill (more than {MAX_DECODE_TOKENS} tokens)")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
 
@@ -240,7 +244,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     for shape in shapes:
         builds = [(_plan_name(shape, m, mma), lambda m=m, shape=shape: compile_variants(shape, m, target))
                   for m in token_counts(shape, mma)]
-        builds.append(("prefill (moe_prefill.py, not used by the ops yet)",
+        builds.append(("prefill (moe_prefill.py)",
                        lambda shape=shape: compile_prefill_variants(shape, target)))
         for label, build in builds:
             try:

@@ -135,7 +135,7 @@ def _counters(device: torch.device) -> torch.Tensor:
 _LAYOUTS: dict[torch.device, int] = {}
 
 
-def _layout_version(device: torch.device) -> int:
+def layout_version(device: torch.device) -> int:
     """The layout version the experts were repacked with on this device (fixed per process)."""
     if device not in _LAYOUTS:
         _LAYOUTS[device] = mma_layout_for(device)
@@ -180,7 +180,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     cfg = config
     interp = interpreting()
     decode = 1 if interp else cfg.decode  # no PTX in the interpreter
-    mma = _layout_version(dev) if mma is None else mma
+    mma = layout_version(dev) if mma is None else mma
     plan = launch_plan(m, top_k, cfg, mma)
     pdl = cfg.pdl and not interp  # (griddepcontrol is PTX: not in the interpreter)
     h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)

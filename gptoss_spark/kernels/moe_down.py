@@ -76,8 +76,12 @@ def moe_down_kernel(
         # Before, a copy of the loop per share, each with its blocks left over in a loop of its
         # own: ptxas serialized every wgmma of the kernel at one token (C7513), each k16 step
         # waiting for the one before.
-        acc = mxfp4_rows_dot(w_ptr, s_ptr, blk, h_rows, k_lo, k_hi, N_LOOP, K_PARTS > 1, acc, C, MMA, DECODE,
-                             INTERPRET)
+        # Up to 16 token columns only the columns that count are read (mxfp4_decode.load_activations).
+        # Which mask is what ptxas fits best (sm_90a): with K shares (one token) the routed tokens
+        # (168 registers; the token count: 213), else the token count (156; routed: 181).
+        act_ok = routed if K_PARTS > 1 else offs_m < M
+        acc = mxfp4_rows_dot(w_ptr, s_ptr, blk, h_rows, act_ok, k_lo, k_hi, N_LOOP, K_PARTS > 1, acc, C, MMA, DECODE,
+                             INTERPRET, M_PAD <= 16)
         if HAS_BIAS:
             bias = tl.load(b_ptr + expert * H + offs_n).to(tl.float32)
             if K_PARTS > 1:  # once per expert: by the share that holds k = 0

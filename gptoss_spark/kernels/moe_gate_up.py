@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
-from .mxfp4_decode import mxfp4_block_dot
+from .mxfp4_decode import load_activations, mxfp4_block_dot
 from .pdl import pdl_launch_next, pdl_wait
 from .routing import expert_of_slot, rows_to, store_routing, tokens_of_expert, topk_softmax
 
@@ -70,19 +70,22 @@ def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_s
 
 
 @triton.jit
-def gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, k_lo: tl.constexpr, k_hi: tl.constexpr,
+def gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, x_ok, k_lo: tl.constexpr, k_hi: tl.constexpr,
                 acc_gate, acc_up, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    """acc_gate/acc_up [64, M_PAD] += the gate/up row block over 64-k blocks k_lo..k_hi; one x tile feeds both."""
+                INTERPRET: tl.constexpr, MASK_COLS: tl.constexpr):
+    """acc_gate/acc_up [64, M_PAD] += the gate/up row block over 64-k blocks k_lo..k_hi; one x tile feeds both.
+
+    With MASK_COLS only the token columns x_ok [M_PAD] are read (mxfp4_decode.load_activations).
+    """
     offs_k = tl.arange(0, C * 64)
     for c0 in range(k_lo, k_hi - (k_hi - k_lo) % C, C):
-        xt = tl.load(x_rows[None, :] + (c0 * 64 + offs_k)[:, None])
+        xt = load_activations(x_rows[None, :] + (c0 * 64 + offs_k)[:, None], x_ok, MASK_COLS)
         acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
                                    acc_gate, C, MMA, DECODE, INTERPRET)
         acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
                                  C, MMA, DECODE, INTERPRET)
     for c0 in tl.static_range(k_hi - (k_hi - k_lo) % C, k_hi):  # the blocks left over when C does not divide
-        xt = tl.load(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None])
+        xt = load_activations(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None], x_ok, MASK_COLS)
         acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
                                    acc_gate, 1, MMA, DECODE, INTERPRET)
         acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
@@ -105,6 +108,7 @@ def moe_gate_up_kernel(
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
     KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # per share of K
     RB: tl.constexpr = I // 64           # row blocks of gate (and of up)
+    MASK_COLS: tl.constexpr = M_PAD <= 16  # read only the real tokens' x (mxfp4_decode.load_activations)
     pid_b = tl.program_id(0)
     slot = tl.program_id(1)
     k_part = tl.program_id(2)
@@ -135,8 +139,8 @@ def moe_gate_up_kernel(
         acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
         acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
         if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
-            acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, 0, KB,
-                                           acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+            acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, offs_m < M, 0, KB,
+                                           acc_gate, acc_up, C, MMA, DECODE, INTERPRET, MASK_COLS)
             pdl_launch_next(PDL)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
                           I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
@@ -144,9 +148,9 @@ def moe_gate_up_kernel(
             for p in tl.static_range(K_PARTS):
                 # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
                 if k_part == p:
-                    acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, p * KBP,
+                    acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, offs_m < M, p * KBP,
                                                    KB if (p + 1) * KBP > KB else (p + 1) * KBP,
-                                                   acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+                                                   acc_gate, acc_up, C, MMA, DECODE, INTERPRET, MASK_COLS)
             pdl_launch_next(PDL)
             # fp32 sums [K_PARTS, slots, 2 (gate, up), I, M]; the last share to finish adds them.
             offs_i = pid_b * 64 + tl.arange(0, 64)

@@ -13,14 +13,12 @@ pair block) reads its expert's row block once for BLOCK_M pairs:
                                  weight -> y [pairs, H] (fp32)
   3. y summed over each token's top-k pairs in torch (a fixed order: deterministic)
 
-The routing itself is torch (logits in fp32 from the bf16 inputs, top-k,
-softmax over the selected), as in reference.py. Both kernels reuse the decode
-kernels' loops (moe_gate_up.gate_up_dot, mxfp4_decode.mxfp4_rows_dot): the
-pair block is the tensor-core tile's token columns.
-
-Status: correct against the reference in the CPU interpreter and compiled for
-sm_90a and sm_121a; not yet run on a GPU, so ops.moe_block does not use it
-yet (docs/KERNELS.md, "Prefill").
+The routing itself is torch (moe_prefill_block: logits in fp32 from the bf16
+inputs, top-k, softmax over the selected), the reference's math. Both kernels
+reuse the decode kernels' loops (moe_gate_up.gate_up_dot,
+mxfp4_decode.mxfp4_rows_dot): the pair block is the tensor-core tile's token
+columns. ops.moe_block sends every call of more than 32 tokens here
+(docs/KERNELS.md, "Prefill").
 """
 
 from __future__ import annotations
@@ -33,18 +31,20 @@ import triton.language as tl
 
 from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, gate_up_dot, swiglu
 from .mxfp4_decode import mxfp4_rows_dot
+from .reference import router_logits_ref, topk_softmax_ref
 from .runtime import interpreting
 
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    """Tiles of the prefill kernels: chosen from the compiled binaries, not yet timed on a GPU.
+    """Tiles of the prefill kernels (H200 sweep, results/run28; to tune on a Spark).
 
-    With 64 pair columns and 3 stages, sm_121a (Triton 3.6 and 3.9): C = 1 gives gate_up 168
-    registers and 26 KB of shared memory, 3 programs per SM in GB10's 64 K registers and 100 KB;
-    C = 2 gives 52 KB, 1 program. (sm_90a, C = 1: 128 registers, 34 KB.)
+    On the H200 (layout 2, the mma.sync one GB10 runs), 32 pairs per block were 1.2x to 1.5x
+    faster than 64 at 64 to 1024 tokens and within 10 % at 4096; C = 1 and C = 2 within 5 %.
+    C = 1 because GB10 then holds 4 programs per SM (sm_121a: 128 registers, 18 KB of shared
+    memory) where C = 2 holds 2 (36 KB).
     """
-    block_m: int = 64   # (token, k) pairs per program: the tensor-core tile's token columns
+    block_m: int = 32   # (token, k) pairs per program: the tensor-core tile's token columns
     gate_up_c: int = 1  # 64-k blocks per loop iteration
     down_c: int = 1
     stages: int = 3
@@ -89,7 +89,9 @@ def _pairs_of_block(pairs_ptr, blk, N_PAIRS, BLOCK_M: tl.constexpr):
     return tl.where(valid, pair, 0).to(tl.int64), valid
 
 
-@triton.jit
+# N_PAIRS (M x top-k) is not specialized on its value: one binary serves every prefill length, so the
+# AOT build's one launch covers them all (Triton would otherwise compile again for multiples of 16).
+@triton.jit(do_not_specialize=["N_PAIRS"])
 def moe_prefill_gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, h_ptr, pairs_ptr, block_expert_ptr,
     N_PAIRS, stride_xm,
@@ -107,14 +109,14 @@ def moe_prefill_gate_up_kernel(
         gate_blk = expert.to(tl.int64) * (2 * RB * KB) + pid_b * KB
         acc_gate = tl.zeros((64, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((64, BLOCK_M), dtype=tl.float32)
-        acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, gate_blk + RB * KB, x_rows, 0, KB,
-                                       acc_gate, acc_up, C, MMA, DECODE, INTERPRET)
+        acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, gate_blk + RB * KB, x_rows, valid, 0, KB,
+                                       acc_gate, acc_up, C, MMA, DECODE, INTERPRET, True)
         h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
         offs_i = pid_b * 64 + tl.arange(0, 64)
         tl.store(h_ptr + pair[None, :] * I + offs_i[:, None], h.to(tl.bfloat16), mask=valid[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N_PAIRS"])
 def moe_prefill_down_kernel(
     h_ptr, pairs_ptr, block_expert_ptr, route_weights_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     N_PAIRS,
@@ -128,8 +130,8 @@ def moe_prefill_down_kernel(
     if expert >= 0:
         pair, valid = _pairs_of_block(pairs_ptr, tl.program_id(1), N_PAIRS, BLOCK_M)
         acc = tl.zeros((64, BLOCK_M), dtype=tl.float32)
-        acc = mxfp4_rows_dot(w_ptr, s_ptr, (expert.to(tl.int64) * RB + pid_n) * KB, h_ptr + pair * I, 0, KB,
-                             KB // C * C, False, acc, C, MMA, DECODE, INTERPRET)
+        acc = mxfp4_rows_dot(w_ptr, s_ptr, (expert.to(tl.int64) * RB + pid_n) * KB, h_ptr + pair * I, valid, 0, KB,
+                             KB // C * C, False, acc, C, MMA, DECODE, INTERPRET, True)
         offs_n = pid_n * 64 + tl.arange(0, 64)
         if HAS_BIAS:
             acc += tl.load(b_ptr + expert * H + offs_n).to(tl.float32)[:, None]
@@ -165,3 +167,17 @@ def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         y, n_pairs, H=h, I=i, BLOCK_M=config.block_m, C=config.down_c, MMA=mma, HAS_BIAS=b2 is not None,
         DECODE=decode, INTERPRET=interp, num_warps=PREFILL_WARPS, num_stages=config.stages)
     return y.view(m, top_k, h).sum(1).to(torch.bfloat16)
+
+
+def moe_prefill_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
+                      w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
+                      w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
+                      top_k: int, mma: int, config: PrefillConfig = DEFAULT_PREFILL) -> torch.Tensor:
+    """The whole MoE block for a prefill chunk: routing in torch, then moe_prefill.
+
+    The routing is the reference's (fp32 logits from the bf16 inputs, as the decode
+    router kernel computes them), so a prompt's tokens pick the experts its decode
+    steps would. torch rather than the router kernel: that one's tile holds 32 tokens.
+    """
+    ids, weights = topk_softmax_ref(router_logits_ref(x, router_w, router_b), top_k)
+    return moe_prefill(x, ids, weights, w13, s13, b13, w2, s2, b2, mma=mma, config=config)

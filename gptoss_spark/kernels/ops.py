@@ -2,10 +2,12 @@
 
   torch.ops.gptoss_spark.moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k) -> [M, H] bf16
   torch.ops.gptoss_spark.router_logits(x, router_w, router_b) -> [M, E] fp32   (one launch, M<=32)
-  torch.ops.gptoss_spark.moe_block(...same as moe_decode...) -> [M, H] bf16      (any M: chunks of 32)
+  torch.ops.gptoss_spark.moe_block(...same as moe_decode...) -> [M, H] bf16      (any M)
 
-moe_block is what the vLLM plugin calls: the token-count dispatch happens
-inside the op, so torch.compile never traces a branch on the batch size.
+moe_block is what the vLLM plugin calls: up to 32 tokens (decode batches) the
+decode kernels, more (prefill chunks) the prefill kernels (moe_prefill.py).
+The token-count dispatch happens inside the op, so torch.compile never traces
+a branch on the batch size.
 
 Importing this module registers them (the vLLM plugin does so in every process).
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .moe import MAX_DECODE_TOKENS, fused_moe_decode
+from .moe import MAX_DECODE_TOKENS, fused_moe_decode, layout_version
+from .moe_prefill import moe_prefill_block
 from .router_logits import router_logits_partial
 
 LIB = "gptoss_spark"
@@ -42,28 +45,21 @@ def _router_logits_fake(x, router_w, router_b):
     return x.new_empty((x.shape[0], router_w.shape[0]), dtype=torch.float32)
 
 
-def moe_block_chunked(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
-    """Any number of tokens through the decode kernels, MAX_DECODE_TOKENS at a time.
-
-    Decode batches (<= 32 tokens) take one pass. Prefill chunks re-read every
-    expert their 32 tokens touch: correct, but far slower than a grouped GEMM
-    (docs/KERNELS.md, "What is missing").
-    """
+def moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
+    """Any number of tokens: decode batches (<= 32) through the decode kernels, prefill chunks through
+    the prefill kernels, which read each expert once per 64 of its (token, k) pairs rather than once per
+    32 tokens (docs/KERNELS.md, "Prefill")."""
     if x.shape[0] <= MAX_DECODE_TOKENS:
         return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
-    out = torch.empty_like(x)
-    for start in range(0, x.shape[0], MAX_DECODE_TOKENS):
-        chunk = x[start:start + MAX_DECODE_TOKENS]
-        out[start:start + chunk.shape[0]] = fused_moe_decode(chunk, router_w, router_b, w13, s13, b13,
-                                                             w2, s2, b2, top_k)
-    return out
+    return moe_prefill_block(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k,
+                             mma=layout_version(x.device))
 
 
 @torch.library.custom_op(f"{LIB}::moe_block", mutates_args=(), device_types="cuda")
 def moe_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
               w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
               w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
-    return moe_block_chunked(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+    return moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
 
 
 @moe_block.register_fake

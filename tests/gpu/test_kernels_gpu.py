@@ -138,12 +138,14 @@ def test_aot_build_leaves_nothing_to_compile(tmp_path):
     serve = textwrap.dedent("""
         import torch
         from gptoss_spark.kernels import aot
-        from gptoss_spark.kernels.ops import moe_decode, router_logits
+        from gptoss_spark.kernels.ops import moe_block, moe_decode, router_logits
         from gptoss_spark.kernels.variants import MODEL_SHAPES
         for shape in MODEL_SHAPES:
             for m in (1, 2, 3, 7, 16, 17, 32):
                 a = aot._dummy_inputs(shape, m, "cuda")
                 moe_decode(*a, shape.top_k); router_logits(a[0], a[1], a[2])
+            for m in (37, 500):  # prefill chunks: pair counts 148 and 2000 (one a multiple of 16, one not)
+                moe_block(*aot._dummy_inputs(shape, m, "cuda"), shape.top_k)
         torch.cuda.synchronize()
     """)
     subprocess.run([sys.executable, "-c", serve], check=True, env=env)
@@ -226,14 +228,28 @@ def test_pdl_layers_chained_in_a_cuda_graph():
         assert rel_err(static_out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("experts", [128, 32], ids=["120b", "20b"])
 @pytest.mark.parametrize("m", [33, 300])
-def test_prefill_matches_reference(m):
-    """moe_prefill.py (tokens grouped by expert) at gpt-oss-120b shapes. The ops do not use it yet:
-    this is the check to run before they do."""
-    from gptoss_spark.kernels import moe_prefill, reference
-    from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
-    args = make_block(128, m, seed=700 + m)
-    x, rw, rb, *experts = kernel_args(args)
-    ids, weights = reference.topk_softmax_ref(reference.router_logits_ref(x, rw, rb), 4)
-    out = moe_prefill.moe_prefill(x, ids, weights, *experts, mma=mma_layout_for("cuda"))
+def test_prefill_matches_reference(experts, m):
+    """More than 32 tokens: the op takes the prefill kernels (moe_prefill.py, tokens grouped by expert)."""
+    import gptoss_spark.kernels.ops  # noqa: F401
+    from gptoss_spark.kernels import reference
+    args = make_block(experts, m, seed=700 + m + experts)
+    out = torch.ops.gptoss_spark.moe_block(*kernel_args(args), 4)
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
+
+
+def test_prefill_in_a_cuda_graph():
+    """vLLM captures batches past 32 tokens too: the prefill path (torch routing, align_pairs, two
+    kernels, the sum) holds no host sync, so a captured graph replays right on new inputs."""
+    import gptoss_spark.kernels.ops  # noqa: F401
+    from gptoss_spark.kernels import reference
+    ckpt = make_block(128, 64, seed=64)
+    x, *rest = kernel_args(ckpt)
+    static_x = x.clone()
+    g, static_out = capture_graph(lambda: torch.ops.gptoss_spark.moe_block(static_x, *rest, 4))
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(static_out, reference.moe_block_ref(static_x, *ckpt[1:], 4)) < 5e-3

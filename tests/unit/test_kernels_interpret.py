@@ -194,10 +194,12 @@ def test_router_logits(k, m):
 
 
 @child_only
-def test_moe_block_chunks_prefill(k):
-    """More than 32 tokens go through the decode kernels 32 at a time (the vLLM plugin's prefill path)."""
-    args = make_block(k, 8, 40, True, seed=40)
-    out = k.ops.moe_block_chunked(*kernel_args(k, args), 2)
+@pytest.mark.parametrize("m", [32, 40])
+def test_moe_block_dispatch(k, m):
+    """The op the vLLM plugin calls: up to 32 tokens the decode kernels, more the prefill kernels
+    with the routing in torch (ops.moe_block_any)."""
+    args = make_block(k, 8, m, True, seed=40 + m)
+    out = k.ops.moe_block_any(*kernel_args(k, args), 2)
     assert rel_err(out, k.reference.moe_block_ref(*args, 2)) < INTERPRETER_TOL
 
 
