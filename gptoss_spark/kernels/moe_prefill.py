@@ -39,8 +39,8 @@ from .runtime import interpreting
 class PrefillConfig:
     """Tiles of the prefill kernels (H200 sweep, results/run28; to tune on a Spark).
 
-    On the H200 (layout 2, the mma.sync one GB10 runs), 32 pairs per block were 1.2x to 1.5x
-    faster than 64 at 64 to 1024 tokens and within 10 % at 4096; C = 1 and C = 2 within 5 %.
+    On the H200 (layout 2, the mma.sync one GB10 runs), 32 pairs per block were 1.1x to 1.5x
+    faster than 64 from 33 to 1024 tokens and 9 % slower at 4096; C = 1 and C = 2 within 5 %.
     C = 1 because GB10 then holds 4 programs per SM (sm_121a: 128 registers, 18 KB of shared
     memory) where C = 2 holds 2 (36 KB).
     """
@@ -83,7 +83,9 @@ def align_pairs(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Te
 
 @triton.jit
 def _pairs_of_block(pairs_ptr, blk, N_PAIRS, BLOCK_M: tl.constexpr):
-    """-> (the block's pairs as int64, which are real): padding becomes pair 0, a real row, never stored."""
+    """-> (the block's pairs as int64, which are real): padding becomes pair 0, a valid address; its
+    columns are neither read (the kernels mask them: one row read by every padding column was an L2
+    hot spot) nor stored."""
     pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < N_PAIRS
     return tl.where(valid, pair, 0).to(tl.int64), valid
