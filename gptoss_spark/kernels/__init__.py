@@ -1,15 +1,16 @@
-"""SM121 MoE decode kernels for gpt-oss in Triton: fused MXFP4 experts and router.
+"""SM121 MoE kernels for gpt-oss in Triton: fused MXFP4 experts and router for decode, a prefill path.
 
 Modules (one kernel per file; docs/KERNELS.md has the design and the numbers):
   router_logits.py  router GEMM (K-split partials; M<=32 costs what M=1 costs)
   moe_gate_up.py    gate_up on MXFP4 + bias + SwiGLU, per distinct expert
   moe_down.py       down on MXFP4 + bias + routing-weighted combine
+  moe_prefill.py    more than 32 tokens: pairs grouped by expert, gate_up and down per pair block
   routing.py        top-k helpers (router kernel's last program, expert kernels)
   arrival.py        last-to-arrive among a kernel's programs (router top-k, down partial sums)
   mxfp4_layout.py   the one-time repack of the experts into the kernels' layout
   mxfp4_decode.py   MXFP4 tile -> bf16 tensor-core operand (inline PTX / portable)
   moe.py            the three launches of one layer
-  ops.py            torch.library custom ops (import registers them)
+  ops.py            torch.library custom ops (import registers them); moe_block picks decode or prefill
   reference.py      torch reference of the gpt-oss MoE block; mxfp4.py MXFP4 helpers
   variants.py, aot.py, cli.py   ahead-of-time build (`gptoss-spark kernels build`)
   vllm_plugin.py    vLLM general plugin, active when GPTOSS_SPARK_MOE=triton

@@ -15,7 +15,8 @@ What it changes (GPTOSS_SPARK_MOE=triton only):
     mxfp4_layout.py): same size, another order; the checkpoint copy is freed
     layer by layer, so memory grows by a few experts' temporaries at most.
   - gpt_oss.MLPBlock.forward calls torch.ops.gptoss_spark.moe_block (router,
-    top-k, experts, combine) instead of vLLM's router GEMM + FusedMoE runner.
+    top-k, experts, combine; up to 32 tokens the decode kernels, more the
+    prefill kernels) instead of vLLM's router GEMM + FusedMoE runner.
     The moe_backend setting is then irrelevant for gpt-oss MoE layers.
 Single GPU only (tensor/expert/sequence parallel raise at load).
 """
