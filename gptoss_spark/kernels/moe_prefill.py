@@ -41,8 +41,8 @@ class PrefillConfig:
 
     On the H200 (layout 2, the mma.sync one GB10 runs), 32 pairs per block were 1.1x to 1.5x
     faster than 64 from 33 to 1024 tokens and 9 % slower at 4096; C = 1 and C = 2 within 5 %.
-    C = 1 because GB10 then holds 4 programs per SM (sm_121a: 128 registers, 18 KB of shared
-    memory) where C = 2 holds 2 (36 KB).
+    C = 1 because GB10 then holds 3 to 4 programs per SM (sm_121a: 128 registers with Triton 3.6,
+    130 with 3.9; 18 KB of shared memory) where C = 2 holds 2 (36 KB).
     """
     block_m: int = 32   # (token, k) pairs per program: the tensor-core tile's token columns
     gate_up_c: int = 1  # 64-k blocks per loop iteration
