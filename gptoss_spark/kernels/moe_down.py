@@ -13,9 +13,10 @@ programs, too few to keep enough bytes in flight; the K shares exist because
 one token selects only 4 experts, so without them half of a split of 8 would
 idle while the other half read a whole expert each (moe.launch_plan).
 
-h rows are read without masks: a token not routed to the expert reads its
-slot-0 row (written by stage 1, finite) and is weighted 0; padding columns
-point at token 0 and are never stored.
+Padding columns point at token 0 and are never stored; up to 16 token
+columns they are not read either (mxfp4_decode.load_activations; at one token
+only the routed token is read). Otherwise a token not routed to the expert
+reads its slot-0 row (written by stage 1, finite) and is weighted 0.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ program at once. Program (0, 0, 0) stores the tables for down.
 
 Weights are in the kernels' layout (mxfp4_layout.py): gate rows first, then
 up rows, so gate block b is row block b and up block b is row block I/64 + b.
-Activations are read without masks: padding token columns point at row 0
-(a real row) and are never stored, and K is a multiple of 64.
+Padding token columns point at row 0 (a real row) and are never stored; up to
+16 token columns they are not read either (mxfp4_decode.load_activations), and
+K is a multiple of 64.
 """
 
 from __future__ import annotations
