@@ -151,67 +151,66 @@ def _plan_name(shape: MoeShape, m: int, mma: int, config=None) -> str:
 
 
 def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
-    """triton.compile() the three kernels as m tokens launch them (moe.launch_plan); returns (name, CompiledKernel)."""
-    import triton
-    from .moe import DEFAULT_CONFIG, EXPERT_WARPS, launch_plan
+    """triton.compile() the three kernels as m tokens launch them (moe.launch_plan); returns (name, CompiledKernel).
+
+    The constexprs and options are the launches' own (router_logits.launch_kwargs,
+    moe.expert_launch_kwargs), so what compiles here is what fused_moe_decode runs.
+    """
+    from .moe import DEFAULT_CONFIG, expert_launch_kwargs, launch_plan, router_options
     from .mxfp4_layout import mma_layout_for_capability
     from .moe_down import moe_down_kernel
-    from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_gate_up_kernel
-    from .router_logits import k_split, router_logits_kernel
+    from .moe_gate_up import moe_gate_up_kernel
+    from .router_logits import k_split, launch_kwargs, router_logits_kernel
     cfg = config or DEFAULT_CONFIG
     mma = mma_layout_for_capability(target.arch // 10)
     plan = launch_plan(m, shape.top_k, cfg, mma)
-    m_pad = plan.m_pad
-    e_pad = triton.next_power_of_2(shape.experts)
-    k_per_split, n_split = k_split(shape.hidden, cfg.router_split_k, cfg.router_block_k)
+    router = router_options(plan, cfg)
+    k_per_split, n_split = k_split(shape.hidden, router.pop("split_k"), router["block_k"])
+    router_kw = launch_kwargs(m, shape.experts, shape.has_bias, n_split, not plan.topk_in_gate_up, shape.top_k,
+                              pdl=cfg.pdl, **router)
+    gate_up_kw, down_kw = expert_launch_kwargs(plan, cfg, shape.hidden, shape.intermediate, shape.experts,
+                                               shape.top_k, shape.has_bias, shape.has_bias, mma, cfg.decode, False,
+                                               cfg.pdl, n_split)
     jobs = [
         (router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "partial_ptr": "*fp32",
                                 "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
-                                "n_experts_ptr": "*i32", "counter_ptr": "*i32"},
-         dict(M_PAD=plan.router_m_pad, BLOCK_E=cfg.router_block_e, BLOCK_K=cfg.router_block_k, HAS_BIAS=shape.has_bias,
-              SPLIT_K=n_split,
-              FUSE_TOPK=not plan.topk_in_gate_up, TOPK=shape.top_k, E_PAD=e_pad, INTERPRET=False,
-              TOPK_ROWS=plan.topk_rows,
-              PDL=cfg.pdl),
-         dict(num_warps=4, num_stages=3, launch_pdl=cfg.pdl)),
+                                "n_experts_ptr": "*i32", "counter_ptr": "*i32"}, router_kw),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
                               "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",
-                              "counter_ptr": "*i32", "logits_ptr": "*fp32", "route_weights_ptr": "*fp32"},
-         dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.gate_up_c, MMA=mma,
-              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, K_PARTS=plan.gate_up_k_parts,
-              ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT, PDL=cfg.pdl, ROUTE=plan.topk_in_gate_up, N_SPLIT=n_split,
-              E_PAD=e_pad, TOPK_ROWS=plan.topk_rows),
-         dict(num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages, launch_pdl=cfg.pdl)),
+                              "counter_ptr": "*i32", "logits_ptr": "*fp32", "route_weights_ptr": "*fp32"}, gate_up_kw),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
-                           "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"},
-         dict(H=shape.hidden, I=shape.intermediate, TOPK=shape.top_k, M_PAD=m_pad, C=cfg.down_c, MMA=mma,
-              HAS_BIAS=shape.has_bias, DECODE=cfg.decode, INTERPRET=False, SPLIT=cfg.down_split,
-              K_PARTS=plan.down_k_parts, PDL=cfg.pdl),
-         dict(num_warps=EXPERT_WARPS, num_stages=cfg.down_stages, launch_pdl=cfg.pdl)),
+                           "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"}, down_kw),
     ]
-    return _compile_jobs(jobs, _int_args(shape, k_per_split), target)
+    return _compile_jobs([(k, ptrs, *_split_options(kw)) for k, ptrs, kw in jobs], _int_args(shape, k_per_split),
+                         target)
+
+
+_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+
+
+def _split_options(kwargs: dict) -> tuple[dict, dict]:
+    """A launch's keyword arguments -> (constexprs, compile options)."""
+    return ({k: v for k, v in kwargs.items() if k not in _OPTIONS},
+            {k: v for k, v in kwargs.items() if k in _OPTIONS})
 
 
 def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple[str, object]]:
     """triton.compile() the two prefill kernels (moe_prefill.py) for shape; returns (name, CompiledKernel)."""
-    from .moe_prefill import DEFAULT_PREFILL, PREFILL_WARPS, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
-    from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT
+    from .moe_prefill import DEFAULT_PREFILL, launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
     from .mxfp4_layout import mma_layout_for_capability
-    cfg = config or DEFAULT_PREFILL
     mma = mma_layout_for_capability(target.arch // 10)
-    common = dict(H=shape.hidden, I=shape.intermediate, BLOCK_M=cfg.block_m, MMA=mma, HAS_BIAS=shape.has_bias,
-                  DECODE=2, INTERPRET=False)
-    opts = dict(num_warps=PREFILL_WARPS, num_stages=cfg.stages)
+    gate_up_kw, down_kw = launch_kwargs(config or DEFAULT_PREFILL, shape.hidden, shape.intermediate, shape.top_k,
+                                        shape.has_bias, shape.has_bias, mma, 2, False)
     jobs = [
         (moe_prefill_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                                       "h_ptr": "*bf16", "pairs_ptr": "*i32", "block_expert_ptr": "*i32"},
-         dict(common, TOPK=shape.top_k, C=cfg.gate_up_c, ALPHA=SWIGLU_ALPHA, LIMIT=SWIGLU_LIMIT), opts),
+         *_split_options(gate_up_kw)),
         (moe_prefill_down_kernel, {"h_ptr": "*bf16", "pairs_ptr": "*i32", "block_expert_ptr": "*i32",
                                    "route_weights_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                                    "y_ptr": "*fp32"},
-         dict(common, C=cfg.down_c), opts),
+         *_split_options(down_kw)),
     ]
     return _compile_jobs(jobs, _int_args(shape, 0), target)
 

@@ -105,6 +105,31 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
                       m_pad_for(m, config.router_m_pad), m <= config.topk_in_gate_up_max)
 
 
+def router_options(plan: LaunchPlan, config: MoeLaunchConfig) -> dict:
+    """router_logits_partial's tile arguments for a plan (fused_moe_decode and aot.compile_variants)."""
+    return dict(split_k=config.router_split_k, block_e=config.router_block_e, block_k=config.router_block_k,
+                topk_rows=plan.topk_rows, m_pad=plan.router_m_pad)
+
+
+def expert_launch_kwargs(plan: LaunchPlan, config: MoeLaunchConfig, h: int, i: int, e: int, top_k: int,
+                         gate_up_bias: bool, down_bias: bool, mma: int, decode: int, interpret: bool, pdl: bool,
+                         router_splits: int) -> tuple[dict, dict]:
+    """The constexprs and launch options of (gate_up, down) for a plan.
+
+    fused_moe_decode launches with them and aot.compile_variants compiles them, so the
+    compile-only check builds exactly the binaries that run. router_splits: the router's
+    programs along K (its partial logits that gate_up sums when it takes the top-k).
+    """
+    common = dict(H=h, I=i, TOPK=top_k, M_PAD=plan.m_pad, MMA=mma, DECODE=decode, INTERPRET=interpret,
+                  num_warps=EXPERT_WARPS, **pdl_launch(pdl))
+    gate_up = dict(common, HAS_BIAS=gate_up_bias, C=config.gate_up_c, K_PARTS=plan.gate_up_k_parts,
+                   ROUTE=plan.topk_in_gate_up, N_SPLIT=router_splits, E_PAD=triton.next_power_of_2(e),
+                   TOPK_ROWS=plan.topk_rows, num_stages=config.gate_up_stages)
+    down = dict(common, HAS_BIAS=down_bias, C=config.down_c, SPLIT=config.down_split, K_PARTS=plan.down_k_parts,
+                num_stages=config.down_stages)
+    return gate_up, down
+
+
 def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> dict[LaunchPlan, int]:
     """Every plan 1..MAX_DECODE_TOKENS tokens can take -> the fewest tokens that take it (the AOT build's list)."""
     plans: dict[LaunchPlan, int] = {}
@@ -189,23 +214,20 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     experts = torch.empty((max(e, cfg.down_split),), dtype=torch.int32, device=dev)  # down reads its first slot early
     n_experts = torch.empty((1,), dtype=torch.int32, device=dev)
     routing = None if plan.topk_in_gate_up else (ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:])
-    logits = router_logits_partial(x, router_w, router_b, split_k=cfg.router_split_k, block_e=cfg.router_block_e,
-                                   block_k=cfg.router_block_k, routing=routing, top_k=top_k,
-                                   topk_rows=plan.topk_rows, m_pad=plan.router_m_pad, pdl=pdl)
+    logits = router_logits_partial(x, router_w, router_b, routing=routing, top_k=top_k, pdl=pdl,
+                                   **router_options(plan, cfg))
     if launches < 2:
         return None
     dummy = x  # stands in for absent biases and unused buffers; never read
+    gate_up_kw, down_kw = expert_launch_kwargs(plan, cfg, h, i, e, top_k, b13 is not None, b2 is not None, mma,
+                                               decode, interp, pdl, logits.shape[0])
     slots = min(e, m * top_k)
     k_parts = plan.gate_up_k_parts
     gate_up_sums = torch.empty((k_parts, slots, 2, i, m), dtype=torch.float32, device=dev) if k_parts > 1 else dummy
     moe_gate_up_kernel[(i // 64, slots, k_parts)](
         x, w13, s13, b13 if b13 is not None else dummy,
         h_buf, ids, experts, n_experts, gate_up_sums, _counters(dev)[GATE_UP_COUNTERS:], logits, weights,
-        m, x.stride(0), e, H=h, I=i,
-        TOPK=top_k, M_PAD=plan.m_pad, C=cfg.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None, DECODE=decode,
-        INTERPRET=interp, K_PARTS=k_parts, ROUTE=plan.topk_in_gate_up, N_SPLIT=logits.shape[0],
-        E_PAD=triton.next_power_of_2(e), TOPK_ROWS=plan.topk_rows,
-        num_warps=EXPERT_WARPS, num_stages=cfg.gate_up_stages, **pdl_launch(pdl))
+        m, x.stride(0), e, **gate_up_kw)
     if launches < 3:
         return None
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
@@ -214,10 +236,7 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     moe_down_kernel[(h // 64, split)](
         h_buf, ids, weights, experts, n_experts,
         w2, s2, b2 if b2 is not None else dummy, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
-        m, out.stride(0), H=h, I=i,
-        TOPK=top_k, M_PAD=plan.m_pad, C=cfg.down_c, MMA=mma, HAS_BIAS=b2 is not None,
-        DECODE=decode, INTERPRET=interp, SPLIT=split, K_PARTS=plan.down_k_parts,
-        num_warps=EXPERT_WARPS, num_stages=cfg.down_stages, **pdl_launch(pdl))
+        m, out.stride(0), **down_kw)
     if return_routing:
         return out, ids, weights
     return out

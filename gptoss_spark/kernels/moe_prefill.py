@@ -141,6 +141,16 @@ def moe_prefill_down_kernel(
         tl.store(y_ptr + pair[None, :] * H + offs_n[:, None], acc, mask=valid[None, :])
 
 
+def launch_kwargs(config: PrefillConfig, h: int, i: int, top_k: int, gate_up_bias: bool, down_bias: bool, mma: int,
+                  decode: int, interpret: bool) -> tuple[dict, dict]:
+    """The constexprs and launch options of (gate_up, down): moe_prefill launches with them and
+    aot.compile_prefill_variants compiles them."""
+    common = dict(H=h, I=i, BLOCK_M=config.block_m, MMA=mma, DECODE=decode, INTERPRET=interpret,
+                  num_warps=PREFILL_WARPS, num_stages=config.stages)
+    return (dict(common, TOPK=top_k, C=config.gate_up_c, HAS_BIAS=gate_up_bias),
+            dict(common, C=config.down_c, HAS_BIAS=down_bias))
+
+
 def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                 w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
@@ -159,15 +169,13 @@ def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     n_blocks = block_expert.numel()
     dummy = x  # stands in for absent biases; never read
     hs = torch.empty((n_pairs, i), dtype=torch.bfloat16, device=dev)
+    gate_up_kw, down_kw = launch_kwargs(config, h, i, top_k, b13 is not None, b2 is not None, mma, decode, interp)
     moe_prefill_gate_up_kernel[(i // 64, n_blocks)](
-        x, w13, s13, b13 if b13 is not None else dummy, hs, pairs, block_expert, n_pairs, x.stride(0),
-        H=h, I=i, TOPK=top_k, BLOCK_M=config.block_m, C=config.gate_up_c, MMA=mma, HAS_BIAS=b13 is not None,
-        DECODE=decode, INTERPRET=interp, num_warps=PREFILL_WARPS, num_stages=config.stages)
+        x, w13, s13, b13 if b13 is not None else dummy, hs, pairs, block_expert, n_pairs, x.stride(0), **gate_up_kw)
     y = torch.empty((n_pairs, h), dtype=torch.float32, device=dev)
     moe_prefill_down_kernel[(h // 64, n_blocks)](
         hs, pairs, block_expert, weights.to(torch.float32).contiguous(), w2, s2, b2 if b2 is not None else dummy,
-        y, n_pairs, H=h, I=i, BLOCK_M=config.block_m, C=config.down_c, MMA=mma, HAS_BIAS=b2 is not None,
-        DECODE=decode, INTERPRET=interp, num_warps=PREFILL_WARPS, num_stages=config.stages)
+        y, n_pairs, **down_kw)
     return y.view(m, top_k, h).sum(1).to(torch.bfloat16)
 
 

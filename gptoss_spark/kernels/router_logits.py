@@ -107,7 +107,6 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     """
     m, k = x.shape
     e = weight.shape[0]
-    m_pad = m_pad or m_pad_for(m)
     k_per_split, split_k = k_split(k, split_k, block_k)
     if out is None:
         out = torch.empty((split_k, m, e), dtype=torch.float32, device=x.device)
@@ -116,11 +115,23 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     router_logits_kernel[grid](
         x, weight, bias if bias is not None else weight, out, ids, weights, experts, n_experts, counter,
         m, e, k, k_per_split, x.stride(0), weight.stride(0),
-        M_PAD=m_pad, BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=bias is not None, SPLIT_K=split_k,
-        FUSE_TOPK=routing is not None, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpreting(),
-        TOPK_ROWS=topk_rows or topk_rows_for(m),
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl))
+        **launch_kwargs(m, e, bias is not None, split_k, routing is not None, top_k, block_e, block_k, topk_rows,
+                        m_pad, num_warps, num_stages, pdl, interpreting()))
     return out
+
+
+def launch_kwargs(m: int, e: int, has_bias: bool, split_k: int, fuse_topk: bool, top_k: int = 4, block_e: int = 16,
+                  block_k: int = 64, topk_rows: int | None = None, m_pad: int | None = None, num_warps: int = 4,
+                  num_stages: int = 3, pdl: bool = False, interpret: bool = False) -> dict:
+    """router_logits_kernel's constexprs and launch options for m tokens and split_k programs along K.
+
+    router_logits_partial launches with them and aot.compile_variants compiles them, so the
+    compile-only check builds exactly the binary that runs.
+    """
+    return dict(M_PAD=m_pad or m_pad_for(m), BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=has_bias, SPLIT_K=split_k,
+                FUSE_TOPK=fuse_topk, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpret,
+                TOPK_ROWS=topk_rows or topk_rows_for(m), num_warps=num_warps, num_stages=num_stages,
+                **pdl_launch(pdl))
 
 
 def router_logits_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
