@@ -147,6 +147,22 @@ def _decoded_dot(q, e, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: 
 
 
 @triton.jit
+def _load_blocks(w_ptr, s_ptr, n_blocks, C: tl.constexpr, MASKED: tl.constexpr):
+    """The bytes [C*128, 16] and exponents [C*128, 4] of C consecutive 64x64 blocks, as each thread decodes them.
+
+    MASKED: only the first n_blocks (run time) are read; the others come back as zeros.
+    """
+    rows = tl.arange(0, C * 128)
+    w_ptrs = w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :]
+    s_ptrs = s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    if MASKED:
+        ok = (rows // 128 < n_blocks)[:, None]
+        return tl.load(w_ptrs, mask=ok, other=0), tl.load(s_ptrs, mask=ok, other=0)
+    else:
+        return tl.load(w_ptrs), tl.load(s_ptrs)
+
+
+@triton.jit
 def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
                     INTERPRET: tl.constexpr):
     """acc [64, M_PAD] += W[64 rows, C*64 k] @ x_tile [C*64, M_PAD].
@@ -154,9 +170,7 @@ def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexp
     w_ptr / s_ptr point at the first of C consecutive 64x64 blocks of one row block,
     stored in layout MMA (mxfp4_layout.py).
     """
-    rows = tl.arange(0, C * 128)
-    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
-    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :])
+    q, e = _load_blocks(w_ptr, s_ptr, C, C, False)
     return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
 
 
@@ -165,10 +179,7 @@ def mxfp4_block_dot_first(w_ptr, s_ptr, x_tile, n_blocks, acc, C: tl.constexpr, 
                           DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """mxfp4_block_dot over only the first n_blocks (run time, 0..C) of the C blocks: the rest count as zero
     weights and are not read (x_tile must be finite there)."""
-    rows = tl.arange(0, C * 128)
-    ok = (rows // 128 < n_blocks)[:, None]
-    q = tl.load(w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :], mask=ok, other=0)
-    e = tl.load(s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :], mask=ok, other=0)
+    q, e = _load_blocks(w_ptr, s_ptr, n_blocks, C, True)
     return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
 
 
