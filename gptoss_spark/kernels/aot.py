@@ -108,7 +108,7 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
 
 def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
     sig = {}
-    missing = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs and p._param.default is p._param.empty]
+    missing = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
     if missing:  # a constexpr left out would silently compile as an i32 argument
         raise ValueError(f"{kernel.fn.__name__}: constexprs {missing} not given")
     for name in kernel.arg_names:
@@ -151,10 +151,17 @@ def _plan_name(shape: MoeShape, m: int, mma: int, config=None) -> str:
 
 
 def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
-    """triton.compile() the three kernels as m tokens launch them (moe.launch_plan); returns (name, CompiledKernel).
+    """triton.compile() the three kernels as m tokens launch them (moe.launch_plan); returns (name, CompiledKernel)."""
+    jobs, ints = variant_jobs(shape, m, target.arch // 10, config)
+    return _compile_jobs(jobs, ints, target)
+
+
+def variant_jobs(shape: MoeShape, m: int, major: int, config=None) -> tuple[list, dict[str, int]]:
+    """The three kernels as m tokens launch them on a GPU of that major version: ([(kernel, pointer types,
+    constexprs, options)], integer arguments).
 
     The constexprs and options are the launches' own (router_logits.launch_kwargs,
-    moe.expert_launch_kwargs), so what compiles here is what fused_moe_decode runs.
+    moe.expert_launch_kwargs), so what compiles is what fused_moe_decode runs.
     """
     from .moe import DEFAULT_CONFIG, expert_launch_kwargs, launch_plan, router_options
     from .mxfp4_layout import mma_layout_for_capability
@@ -162,7 +169,7 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
     from .moe_gate_up import moe_gate_up_kernel
     from .router_logits import k_split, launch_kwargs, router_logits_kernel
     cfg = config or DEFAULT_CONFIG
-    mma = mma_layout_for_capability(target.arch // 10)
+    mma = mma_layout_for_capability(major)
     plan = launch_plan(m, shape.top_k, cfg, mma)
     router = router_options(plan, cfg)
     k_per_split, n_split = k_split(shape.hidden, router.pop("split_k"), router["block_k"])
@@ -183,8 +190,7 @@ def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                            "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"}, down_kw),
     ]
-    return _compile_jobs([(k, ptrs, *_split_options(kw)) for k, ptrs, kw in jobs], _int_args(shape, k_per_split),
-                         target)
+    return [(k, ptrs, *_split_options(kw)) for k, ptrs, kw in jobs], _int_args(shape, k_per_split)
 
 
 _OPTIONS = ("num_warps", "num_stages", "launch_pdl")
@@ -198,9 +204,15 @@ def _split_options(kwargs: dict) -> tuple[dict, dict]:
 
 def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple[str, object]]:
     """triton.compile() the two prefill kernels (moe_prefill.py) for shape; returns (name, CompiledKernel)."""
+    jobs, ints = prefill_jobs(shape, target.arch // 10, config)
+    return _compile_jobs(jobs, ints, target)
+
+
+def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[str, int]]:
+    """The two prefill kernels as moe_prefill launches them, in variant_jobs' form."""
     from .moe_prefill import DEFAULT_PREFILL, launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
     from .mxfp4_layout import mma_layout_for_capability
-    mma = mma_layout_for_capability(target.arch // 10)
+    mma = mma_layout_for_capability(major)
     gate_up_kw, down_kw = launch_kwargs(config or DEFAULT_PREFILL, shape.hidden, shape.intermediate, shape.top_k,
                                         shape.has_bias, shape.has_bias, mma, 2, False)
     jobs = [
@@ -212,20 +224,34 @@ def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple
                                    "y_ptr": "*fp32"},
          *_split_options(down_kw)),
     ]
-    return _compile_jobs(jobs, _int_args(shape, 0), target)
+    return jobs, _int_args(shape, 0)
 
 
 _PREFIXES = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down",
              "moe_prefill_gate_up_kernel": "prefill_gate_up", "moe_prefill_down_kernel": "prefill_down"}
 
 
+def _with_defaults(kernel, constexprs: dict[str, object]) -> dict[str, object]:
+    """constexprs plus the defaults of those left out, as the JIT fills them in (a launch passes
+    only the constexprs it sets; left out of the signature they would compile as i32 arguments)."""
+    defaults = {p.name: p._param.default for p in kernel.params
+                if p.is_constexpr and p.name not in constexprs and p._param.default is not p._param.empty}
+    return {**defaults, **constexprs}
+
+
+def source_args(kernel, pointer_types: dict[str, str], constexprs: dict[str, object]) -> tuple[dict, dict]:
+    """(signature, constexprs) of a triton.compile() source for a launch that sets these constexprs."""
+    constexprs = _with_defaults(kernel, constexprs)
+    return _signature(kernel, pointer_types, constexprs), constexprs
+
+
 def _compile_jobs(jobs, ints: dict[str, int], target) -> list[tuple[str, object]]:
     import triton
     out = []
     for kernel, ptrs, consts, opts in jobs:
+        signature, consts = source_args(kernel, ptrs, consts)
         attrs = _attrs(kernel, _PREFIXES[kernel.fn.__name__], ints, consts)
-        src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, ptrs, consts), constexprs=consts,
-                                        attrs=attrs)
+        src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
         out.append((kernel.fn.__name__, triton.compile(src, target=target, options=opts)))
     return out
 

@@ -40,6 +40,32 @@ def test_compile_only_build_for_sm121a():
         assert sum(kernel in line for line in lines) == 1, r.stdout
 
 
+@pytest.mark.parametrize("major", [9, 12])
+def test_compile_only_jobs_set_every_constexpr(major):
+    """What the compile-only build compiles has every constexpr of every kernel bound, defaults included, as
+    the JIT binds them at a launch: one left out compiles as an i32 argument, another kernel than the one that
+    runs (ALPHA and LIMIT once did). And the launches' own constexprs are in it unchanged."""
+    pytest.importorskip("triton")
+    from gptoss_spark.kernels import aot, moe
+    from gptoss_spark.kernels.moe_gate_up import SWIGLU_ALPHA, moe_gate_up_kernel
+    from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts
+    from gptoss_spark.kernels.mxfp4_layout import mma_layout_for_capability
+    mma = mma_layout_for_capability(major)
+    jobs = [j for m in token_counts(GPT_OSS_120B, mma) for j in aot.variant_jobs(GPT_OSS_120B, m, major)[0]]
+    jobs += aot.prefill_jobs(GPT_OSS_120B, major)[0]
+    assert len(jobs) == 3 * len(token_counts(GPT_OSS_120B, mma)) + 2
+    for kernel, ptrs, consts, opts in jobs:
+        signature, bound = aot.source_args(kernel, ptrs, consts)
+        for p in kernel.params:
+            assert (signature[p.name] == "constexpr") == p.is_constexpr, (kernel.fn.__name__, p.name)
+        assert bound["ALPHA"] == SWIGLU_ALPHA if "ALPHA" in bound else True
+        assert all(bound[k] == v for k, v in consts.items())
+    # At one token the gate_up job is what fused_moe_decode passes (PDL, K shares, the top-k in gate_up).
+    plan = moe.launch_plan(1, 4, moe.DEFAULT_CONFIG, mma)
+    gate_up = next(c for k, _, c, _ in aot.variant_jobs(GPT_OSS_120B, 1, major)[0] if k is moe_gate_up_kernel)
+    assert gate_up["K_PARTS"] == plan.gate_up_k_parts == 2 and gate_up["ROUTE"] and gate_up["PDL"]
+
+
 def test_build_without_gpu_fails_in_one_line(capsys, tmp_path):
     pytest.importorskip("torch")
     import torch
