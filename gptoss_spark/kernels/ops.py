@@ -47,8 +47,8 @@ def _router_logits_fake(x, router_w, router_b):
 
 def moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
     """Any number of tokens: decode batches (<= 32) through the decode kernels, prefill chunks through
-    the prefill kernels, which read each expert once per 64 of its (token, k) pairs rather than once per
-    32 tokens (docs/KERNELS.md, "Prefill")."""
+    the prefill kernels, which read each expert once per block of its (token, k) pairs
+    (PrefillConfig.block_m) rather than once per 32 tokens (docs/KERNELS.md, "Prefill")."""
     if x.shape[0] <= MAX_DECODE_TOKENS:
         return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
     return moe_prefill_block(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k,

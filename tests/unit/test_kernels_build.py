@@ -58,7 +58,8 @@ def test_compile_only_jobs_set_every_constexpr(major):
         signature, bound = aot.source_args(kernel, ptrs, consts)
         for p in kernel.params:
             assert (signature[p.name] == "constexpr") == p.is_constexpr, (kernel.fn.__name__, p.name)
-        assert bound["ALPHA"] == SWIGLU_ALPHA if "ALPHA" in bound else True
+        if "ALPHA" in bound:
+            assert bound["ALPHA"] == SWIGLU_ALPHA
         assert all(bound[k] == v for k, v in consts.items())
     # At one token the gate_up job is what fused_moe_decode passes (PDL, K shares, the top-k in gate_up).
     plan = moe.launch_plan(1, 4, moe.DEFAULT_CONFIG, mma)
