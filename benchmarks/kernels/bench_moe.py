@@ -194,10 +194,12 @@ def sweep(layers, log, variants=None):
     # and smaller tiles with capped registers (register_caps.md): none kept. run21: on layout 2 the
     # 8-column token tile (mma_sync_m_pad, kept: -4.5 to -29 us at M = 1-8). run23/24: the top-k in
     # gate_up's programs at M <= 2 (kept: -2 to -2.7 us on layout 2, -0.5 to -1.7 on layout 3; at
-    # 4 and 8 tokens slower), then a router split of 15 (kept: -0.5 to -0.9 us at one token). The
-    # sweep shows each piece beside the whole; --variants sweeps other config changes.
+    # 4 and 8 tokens slower), then a router split of 15 (kept: -0.5 to -0.9 us at one token). run31:
+    # at one token gate_up's programs take 32 features over all of K instead of 64 over half of it
+    # (kept: -2.7 / -3.0 us of fixed cost on layouts 3 / 2). The sweep shows each piece beside the
+    # whole; --variants sweeps other config changes.
     if variants is None:
-        variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"few_tokens_max": 0, "down_k_parts": False},
+        variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"gate_up_half_rows_max": 0, "down_k_parts": False},
                     {"topk_in_gate_up_max": 0}, {"mma_sync_m_pad": 16}]  # (the last changes nothing on layout 3)
     for v in variants:
         cfg = MoeLaunchConfig(**{**DEFAULT_CONFIG.__dict__, **v})

@@ -147,7 +147,7 @@ def _plan_name(shape: MoeShape, m: int, mma: int, config=None) -> str:
     from .moe import DEFAULT_CONFIG, launch_plan
     p = launch_plan(m, shape.top_k, config or DEFAULT_CONFIG, mma)
     return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows} in {'gate_up' if p.topk_in_gate_up else 'router'}, "
-            f"K shares gate_up {p.gate_up_k_parts} down {p.down_k_parts})")
+            f"gate_up {'32' if p.gate_up_half_rows else '64'} features per program, down K shares {p.down_k_parts})")
 
 
 def compile_variants(shape: MoeShape, m: int, target, config=None) -> list[tuple[str, object]]:
@@ -184,8 +184,8 @@ def variant_jobs(shape: MoeShape, m: int, major: int, config=None) -> tuple[list
                                 "n_experts_ptr": "*i32", "counter_ptr": "*i32"}, router_kw),
         (moe_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8",
                               "b_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i32",
-                              "experts_ptr": "*i32", "n_experts_ptr": "*i32", "partial_ptr": "*fp32",
-                              "counter_ptr": "*i32", "logits_ptr": "*fp32", "route_weights_ptr": "*fp32"}, gate_up_kw),
+                              "experts_ptr": "*i32", "n_experts_ptr": "*i32", "logits_ptr": "*fp32",
+                              "route_weights_ptr": "*fp32"}, gate_up_kw),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                            "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"}, down_kw),

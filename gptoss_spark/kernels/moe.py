@@ -52,10 +52,10 @@ class MoeLaunchConfig:
     down_stages: int = 3
     down_split: int = 8  # >1: work split over programs, partials added by each row block's last program
     # Few tokens select few experts: too few programs, each a long chain of dependent loads
-    # (launch_plan). Up to few_tokens_max tokens gate_up shares each row block's K among
-    # few_tokens_gate_up_k_parts programs; the last adds the shares.
-    few_tokens_max: int = 1
-    few_tokens_gate_up_k_parts: int = 2
+    # (launch_plan). Up to this many tokens each gate_up program takes 32 gate and 32 up features
+    # instead of 64 (twice the programs, moe_gate_up.py); 0: never. At 2 tokens it cost
+    # 1.5 us (layout 2) and 4 us (layout 3) on the H200 (results/run31).
+    gate_up_half_rows_max: int = 1
     # When fewer experts can be selected than the down split, its spare programs take shares of K.
     down_k_parts: bool = True
     # Up to this many tokens every gate_up program takes the top-k itself from the router's partial
@@ -79,7 +79,7 @@ class LaunchPlan:
     """What a call with m tokens compiles and launches: each distinct plan is one set of kernel variants."""
     m_pad: int            # token columns of the expert kernels' tensor-core tile (8, 16 or 32)
     topk_rows: int        # rows of the router's top-k tile (router_logits.topk_rows_for)
-    gate_up_k_parts: int  # shares of K per (expert, row block) among gate_up's programs
+    gate_up_half_rows: bool  # gate_up's programs take 32 features, not 64 (config.gate_up_half_rows_max)
     down_k_parts: int     # shares of K per expert among the down split's programs
     router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 8, 16 or 32)
     topk_in_gate_up: bool  # gate_up's programs take the top-k (config.topk_in_gate_up_max), not the router
@@ -99,10 +99,9 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
     if config.down_k_parts:
         while config.down_split % (2 * parts) == 0 and 2 * parts * m * top_k <= config.down_split:
             parts *= 2
-    gate_up_parts = config.few_tokens_gate_up_k_parts if m <= config.few_tokens_max else 1
     m_pad = m_pad_for(m, config.mma_sync_m_pad if mma == 2 else 16)
-    return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), gate_up_parts, parts,
-                      m_pad_for(m, config.router_m_pad), m <= config.topk_in_gate_up_max)
+    return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), m <= config.gate_up_half_rows_max,
+                      parts, m_pad_for(m, config.router_m_pad), m <= config.topk_in_gate_up_max)
 
 
 def router_options(plan: LaunchPlan, config: MoeLaunchConfig) -> dict:
@@ -122,7 +121,7 @@ def expert_launch_kwargs(plan: LaunchPlan, config: MoeLaunchConfig, h: int, i: i
     """
     common = dict(H=h, I=i, TOPK=top_k, M_PAD=plan.m_pad, MMA=mma, DECODE=decode, INTERPRET=interpret,
                   num_warps=EXPERT_WARPS, **pdl_launch(pdl))
-    gate_up = dict(common, HAS_BIAS=gate_up_bias, C=config.gate_up_c, K_PARTS=plan.gate_up_k_parts,
+    gate_up = dict(common, HAS_BIAS=gate_up_bias, C=config.gate_up_c, HALF_ROWS=plan.gate_up_half_rows,
                    ROUTE=plan.topk_in_gate_up, N_SPLIT=router_splits, E_PAD=triton.next_power_of_2(e),
                    TOPK_ROWS=plan.topk_rows, num_stages=config.gate_up_stages)
     down = dict(common, HAS_BIAS=down_bias, C=config.down_c, SPLIT=config.down_split, K_PARTS=plan.down_k_parts,
@@ -141,8 +140,7 @@ def distinct_plans(top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: in
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 ROUTER_COUNTER = 0      # the router kernel's arrival counter
 DOWN_COUNTERS = 1       # then one per down row block (H / 64 <= 127)
-GATE_UP_COUNTERS = 128  # then one per (expert slot, gate_up row block) when gate_up shares K
-N_COUNTERS = GATE_UP_COUNTERS + 128 * 64  # up to 128 slots x 64 row blocks (I <= 4096)
+N_COUNTERS = 128
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -178,10 +176,8 @@ def check_shapes(x, router_w, w13, s13, w2, s2, top_k: int) -> tuple[int, int, i
             or w2.shape != (e, h // 64, i // 64, BLOCK_BYTES) or s2.shape != (e, h // 64, i // 64, SCALE_BLOCK_BYTES)):
         raise ValueError(f"expert tensors {tuple(w13.shape)}/{tuple(s13.shape)}/{tuple(w2.shape)}/{tuple(s2.shape)} "
                          f"are not the kernels' layout for E={e} H={h} (repack with mxfp4_layout.SwizzledExperts)")
-    max_slots = min(e, MAX_DECODE_TOKENS * top_k)
-    if h // 64 > GATE_UP_COUNTERS - DOWN_COUNTERS or max_slots * (i // 64) > N_COUNTERS - GATE_UP_COUNTERS:
-        raise ValueError(f"hidden {h} / experts {e} x intermediate {i}: more than the kernels' arrival counters "
-                         f"cover (moe.N_COUNTERS)")
+    if h // 64 > N_COUNTERS - DOWN_COUNTERS:
+        raise ValueError(f"hidden {h}: more row blocks than the kernels' arrival counters cover (moe.N_COUNTERS)")
     if top_k not in (1, 2, 4, 8) or top_k > e:
         raise ValueError(f"top_k must be a power of two <= {e}, got {top_k}")
     return m, h, e, i
@@ -222,11 +218,9 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
     gate_up_kw, down_kw = expert_launch_kwargs(plan, cfg, h, i, e, top_k, b13 is not None, b2 is not None, mma,
                                                decode, interp, pdl, logits.shape[0])
     slots = min(e, m * top_k)
-    k_parts = plan.gate_up_k_parts
-    gate_up_sums = torch.empty((k_parts, slots, 2, i, m), dtype=torch.float32, device=dev) if k_parts > 1 else dummy
-    moe_gate_up_kernel[(i // 64, slots, k_parts)](
+    moe_gate_up_kernel[(i // (32 if plan.gate_up_half_rows else 64), slots)](
         x, w13, s13, b13 if b13 is not None else dummy,
-        h_buf, ids, experts, n_experts, gate_up_sums, _counters(dev)[GATE_UP_COUNTERS:], logits, weights,
+        h_buf, ids, experts, n_experts, logits, weights,
         m, x.stride(0), e, **gate_up_kw)
     if launches < 3:
         return None

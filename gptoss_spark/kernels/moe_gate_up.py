@@ -8,19 +8,22 @@ expert's weights are read once however many tokens chose it), then writes
 h = swiglu(gate, up) in bf16 for the tokens routed to that expert. Slots past
 the number of distinct experts exit at once.
 
-With K_PARTS > 1 (one token, moe.launch_plan) the grid is (I / 64, slots,
-K_PARTS) and each program takes one share of K: one token selects only 4
-experts, 180 programs for 132 SMs, each a long chain of dependent loop
-iterations; 2 shares make 360 programs of half the chain (-1.7 us per layer on
-the H200, docs/KERNELS.md). Each share stores its fp32 sums and the last to
-finish (arrival.py) adds them in a fixed order and applies bias + SwiGLU.
+With HALF_ROWS (one token, moe.launch_plan) the grid is (I / 32, slots) and
+program b takes 32 gate and 32 up features, [32b, 32b + 32), over the whole
+of K, as one 64-row tensor-core tile (half of a gate block and the same half
+of the up block). One token selects only 4 experts: 180 programs of 64
+features would be too few for 132 SMs, each a long chain of dependent loop
+iterations. Until session 9 the 180 became 360 by two shares of K whose fp32
+sums the last to finish added (a store, an acq_rel arrival, a read); half
+rows make the same 360 programs with nothing to add (-2.7 / -3.0 us per layer
+on the H200, layouts 3 / 2, docs/KERNELS.md "Session 9").
 
 With ROUTE (the fewest tokens, moe.launch_plan) the router kernel stops after
 its partial logits, and every program takes the top-k itself from them
 (routing.py): at one token that replaces the router's arrival, its last
 program's serial top-k and this kernel's read of the tables (two L2 round trips
 and a chain of shuffles in one program) with the same top-k run by every
-program at once. Program (0, 0, 0) stores the tables for down.
+program at once. Program (0, 0) stores the tables for down.
 
 Weights are in the kernels' layout (mxfp4_layout.py): gate rows first, then
 up rows, so gate block b is row block b and up block b is row block I/64 + b.
@@ -34,8 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .arrival import last_to_arrive, reset_arrivals
-from .mxfp4_decode import load_activations, mxfp4_block_dot
+from .mxfp4_decode import load_activations, mxfp4_block_dot, mxfp4_split_block_dot
 from .pdl import pdl_launch_next, pdl_wait
 from .routing import expert_of_slot, rows_to, store_routing, tokens_of_expert, topk_softmax
 
@@ -45,9 +47,9 @@ SWIGLU_LIMIT = 7.0
 
 @triton.jit
 def swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I: tl.constexpr, HAS_BIAS: tl.constexpr,
-           ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """bias + gpt-oss SwiGLU of row block pid_b's gate/up sums [64, token columns] -> h (fp32)."""
-    offs_i = pid_b * 64 + tl.arange(0, 64)
+           ALPHA: tl.constexpr, LIMIT: tl.constexpr, ROWS: tl.constexpr):
+    """bias + gpt-oss SwiGLU of features [ROWS pid_b, ROWS (pid_b + 1)): gate/up sums [ROWS, token columns] -> h (fp32)."""
+    offs_i = pid_b * ROWS + tl.arange(0, ROWS)
     if HAS_BIAS:  # gate biases first, then up (mxfp4_layout.gate_up_rows_first)
         b_base = b_ptr + expert * (2 * I)
         acc_gate += tl.load(b_base + offs_i).to(tl.float32)[:, None]
@@ -60,11 +62,11 @@ def swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I: tl.constexpr, HAS_BIAS: tl
 @triton.jit
 def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
                   I: tl.constexpr, TOPK: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    """bias + SwiGLU of one row block's gate/up sums; h (bf16) for the tokens routed to the expert."""
+                  ALPHA: tl.constexpr, LIMIT: tl.constexpr, ROWS: tl.constexpr):
+    """bias + SwiGLU of one program's ROWS features; h (bf16) for the tokens routed to the expert."""
     offs_m = tl.arange(0, M_PAD)
-    offs_i = pid_b * 64 + tl.arange(0, 64)
-    h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT)
+    offs_i = pid_b * ROWS + tl.arange(0, ROWS)
+    h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT, ROWS)
     # h is [M, TOPK, I]: token m's k-th expert output row.
     h_ptrs = h_ptr + (offs_m[None, :] * TOPK + token_slot[None, :]) * I + offs_i[:, None]
     tl.store(h_ptrs, h.to(tl.bfloat16), mask=routed[None, :])
@@ -94,32 +96,50 @@ def gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, x_ok, k_lo: tl.constexpr
     return acc_gate, acc_up
 
 
+@triton.jit
+def gate_up_half_dot(w_ptr, s_ptr, x_rows, x_ok, KB: tl.constexpr, acc, UPPER_W: tl.constexpr,
+                     UPPER_S: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
+                     INTERPRET: tl.constexpr, MASK_COLS: tl.constexpr):
+    """acc [64, M_PAD] += 32 gate rows (tile rows 0..31) and the same 32 up rows (32..63) over all KB blocks.
+
+    w_ptr / s_ptr point at the gate half block (mxfp4_split_block_dot); one dot per C blocks.
+    """
+    offs_k = tl.arange(0, C * 64)
+    for c0 in range(0, KB - KB % C, C):
+        xt = load_activations(x_rows[None, :] + (c0 * 64 + offs_k)[:, None], x_ok, MASK_COLS)
+        acc = mxfp4_split_block_dot(w_ptr + c0 * 2048, s_ptr + c0 * 128, xt, acc, UPPER_W, UPPER_S,
+                                    C, MMA, DECODE, INTERPRET)
+    for c0 in tl.static_range(KB - KB % C, KB):
+        xt = load_activations(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None], x_ok, MASK_COLS)
+        acc = mxfp4_split_block_dot(w_ptr + c0 * 2048, s_ptr + c0 * 128, xt, acc, UPPER_W, UPPER_S,
+                                    1, MMA, DECODE, INTERPRET)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def moe_gate_up_kernel(
     x_ptr,
     w_ptr, s_ptr, b_ptr,
-    h_ptr, ids_ptr, experts_ptr, n_experts_ptr, partial_ptr, counter_ptr, logits_ptr, route_weights_ptr,
+    h_ptr, ids_ptr, experts_ptr, n_experts_ptr, logits_ptr, route_weights_ptr,
     M, stride_xm, E,
     H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, M_PAD: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr,
-    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, K_PARTS: tl.constexpr = 1,
+    HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr, HALF_ROWS: tl.constexpr = False,
     ALPHA: tl.constexpr = SWIGLU_ALPHA, LIMIT: tl.constexpr = SWIGLU_LIMIT, PDL: tl.constexpr = False,
     ROUTE: tl.constexpr = False, N_SPLIT: tl.constexpr = 1, E_PAD: tl.constexpr = 128, TOPK_ROWS: tl.constexpr = 4,
 ):
     KB: tl.constexpr = H // 64           # 64-k blocks per row block
-    KBP: tl.constexpr = (KB + K_PARTS - 1) // K_PARTS  # per share of K
     RB: tl.constexpr = I // 64           # row blocks of gate (and of up)
     MASK_COLS: tl.constexpr = M_PAD <= 16  # read only the real tokens' x (mxfp4_decode.load_activations)
     pid_b = tl.program_id(0)
     slot = tl.program_id(1)
-    k_part = tl.program_id(2)
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     pdl_wait(PDL)  # the routing (with ROUTE: the router's partial logits) is the router kernel's output
     if ROUTE:
         ids_r, weights_r, used = topk_softmax(logits_ptr, M, E, N_SPLIT, TOPK_ROWS, E_PAD, TOPK)
         expert32, n_experts = expert_of_slot(used, slot, E_PAD)
-        if (pid_b == 0) & (slot == 0) & (k_part == 0):  # every program has the tables; one stores them for down
+        if (pid_b == 0) & (slot == 0):  # every program has the tables; one stores them for down
             store_routing(ids_r, weights_r, used, ids_ptr, route_weights_ptr, experts_ptr, n_experts_ptr,
                           M, E, TOPK_ROWS, E_PAD, TOPK)
         routed_r, slot_r = tokens_of_expert(ids_r, expert32, M, TOPK_ROWS, TOPK)
@@ -134,39 +154,26 @@ def moe_gate_up_kernel(
         routed, token_slot = tokens_of_expert(ids, expert32, M, M_PAD, TOPK)
     if slot < n_experts:
         expert = expert32.to(tl.int64)
-        gate_blk = expert * (2 * RB * KB) + pid_b * KB
-        up_blk = gate_blk + RB * KB
         x_rows = x_ptr + tl.where(offs_m < M, offs_m, 0) * stride_xm
-        acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
-        acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-        if K_PARTS == 1:  # (a run-time branch around the loop would cost it 9 registers)
-            acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, offs_m < M, 0, KB,
-                                           acc_gate, acc_up, C, MMA, DECODE, INTERPRET, MASK_COLS)
+        if HALF_ROWS:
+            # Program b: gate and up features [32 b, 32 b + 32) as one 64-row tile, half of
+            # gate block b // 2 and the same half of up block b // 2 (mxfp4_split_block_dot).
+            blk = expert * (2 * RB * KB) + (pid_b // 2) * KB
+            half = pid_b % 2
+            acc = gate_up_half_dot(w_ptr + blk * 2048 + half * 1024, s_ptr + blk * 128 + half * 64,
+                                   x_rows, offs_m < M, KB, tl.zeros((64, M_PAD), dtype=tl.float32),
+                                   RB * KB * 2048 - 1024, RB * KB * 128 - 64, C, MMA, DECODE, INTERPRET, MASK_COLS)
+            pdl_launch_next(PDL)
+            # Tile rows 0..31 are gate, 32..63 up: in other warps, so this moves data (shared memory).
+            acc_gate, acc_up = tl.split(tl.permute(tl.reshape(acc, (2, 32, M_PAD)), (1, 2, 0)))
+            _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
+                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT, 32)
+        else:
+            gate_blk = expert * (2 * RB * KB) + pid_b * KB
+            acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, gate_blk + RB * KB, x_rows, offs_m < M, 0, KB,
+                                           tl.zeros((64, M_PAD), dtype=tl.float32),
+                                           tl.zeros((64, M_PAD), dtype=tl.float32),
+                                           C, MMA, DECODE, INTERPRET, MASK_COLS)
             pdl_launch_next(PDL)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
-        else:
-            for p in tl.static_range(K_PARTS):
-                # A copy of the K loop per share, with constant trip counts (moe_down.py says why).
-                if k_part == p:
-                    acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, offs_m < M, p * KBP,
-                                                   KB if (p + 1) * KBP > KB else (p + 1) * KBP,
-                                                   acc_gate, acc_up, C, MMA, DECODE, INTERPRET, MASK_COLS)
-            pdl_launch_next(PDL)
-            # fp32 sums [K_PARTS, slots, 2 (gate, up), I, M]; the last share to finish adds them.
-            offs_i = pid_b * 64 + tl.arange(0, 64)
-            m_ok = (offs_m < M)[None, :]
-            part = partial_ptr + (slot * 2 * I + offs_i[:, None]) * M + offs_m[None, :]
-            stride_part = tl.num_programs(1) * 2 * I * M
-            tl.store(part + k_part * stride_part, acc_gate, mask=m_ok)
-            tl.store(part + k_part * stride_part + I * M, acc_up, mask=m_ok)
-            counter = counter_ptr + slot * RB + pid_b
-            if last_to_arrive(counter, K_PARTS):
-                acc_gate = tl.zeros((64, M_PAD), dtype=tl.float32)
-                acc_up = tl.zeros((64, M_PAD), dtype=tl.float32)
-                for q in tl.static_range(K_PARTS):  # fixed order: the same sum whichever share is last
-                    acc_gate += tl.load(part + q * stride_part, mask=m_ok, other=0.0, cache_modifier=".cg")
-                    acc_up += tl.load(part + q * stride_part + I * M, mask=m_ok, other=0.0, cache_modifier=".cg")
-                _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
-                              I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT)
-                reset_arrivals(counter)
+                          I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT, 64)

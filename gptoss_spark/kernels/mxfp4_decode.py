@@ -147,14 +147,23 @@ def _decoded_dot(q, e, x_tile, acc, C: tl.constexpr, MMA: tl.constexpr, DECODE: 
 
 
 @triton.jit
-def _load_blocks(w_ptr, s_ptr, n_blocks, C: tl.constexpr, MASKED: tl.constexpr):
+def _load_blocks(w_ptr, s_ptr, n_blocks, C: tl.constexpr, MASKED: tl.constexpr, UPPER_W: tl.constexpr,
+                 UPPER_S: tl.constexpr):
     """The bytes [C*128, 16] and exponents [C*128, 4] of C consecutive 64x64 blocks, as each thread decodes them.
 
     MASKED: only the first n_blocks (run time) are read; the others come back as zeros.
+    UPPER_W / UPPER_S != 0: the tile's rows 32..63 (warps 2 and 3) are read that many bytes
+    further on than the block's own rows 32..63 (mxfp4_split_block_dot).
     """
     rows = tl.arange(0, C * 128)
-    w_ptrs = w_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :]
-    s_ptrs = s_ptr + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    w_offs = rows * 16
+    s_offs = (rows // 4) * 4
+    if UPPER_W != 0:
+        upper = (rows % 128) // 64  # load rows (c, w, g, t): w >= 2
+        w_offs += upper * UPPER_W
+        s_offs += upper * UPPER_S
+    w_ptrs = w_ptr + w_offs[:, None] + tl.arange(0, 16)[None, :]
+    s_ptrs = s_ptr + s_offs[:, None] + tl.arange(0, 4)[None, :]
     if MASKED:
         ok = (rows // 128 < n_blocks)[:, None]
         return tl.load(w_ptrs, mask=ok, other=0), tl.load(s_ptrs, mask=ok, other=0)
@@ -170,7 +179,21 @@ def mxfp4_block_dot(w_ptr, s_ptr, x_tile, acc, C: tl.constexpr, MMA: tl.constexp
     w_ptr / s_ptr point at the first of C consecutive 64x64 blocks of one row block,
     stored in layout MMA (mxfp4_layout.py).
     """
-    q, e = _load_blocks(w_ptr, s_ptr, C, C, False)
+    q, e = _load_blocks(w_ptr, s_ptr, C, C, False, 0, 0)
+    return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
+
+
+@triton.jit
+def mxfp4_split_block_dot(w_ptr, s_ptr, x_tile, acc, UPPER_W: tl.constexpr, UPPER_S: tl.constexpr, C: tl.constexpr,
+                          MMA: tl.constexpr, DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """mxfp4_block_dot of a tile put together from two half blocks: acc [64, M_PAD] += T @ x_tile.
+
+    T's rows 0..31 are rows 0..31 of the C blocks at w_ptr / s_ptr (warps 0 and 1 of the
+    layout: the first 1024 bytes and 64 scale bytes of a block); T's rows 32..63 are the 32
+    rows found UPPER_W / UPPER_S bytes after what would be the blocks' rows 32..63. Only
+    the addresses differ from mxfp4_block_dot: each thread decodes the same positions.
+    """
+    q, e = _load_blocks(w_ptr, s_ptr, C, C, False, UPPER_W, UPPER_S)
     return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
 
 
@@ -179,7 +202,7 @@ def mxfp4_block_dot_first(w_ptr, s_ptr, x_tile, n_blocks, acc, C: tl.constexpr, 
                           DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """mxfp4_block_dot over only the first n_blocks (run time, 0..C) of the C blocks: the rest count as zero
     weights and are not read (x_tile must be finite there)."""
-    q, e = _load_blocks(w_ptr, s_ptr, n_blocks, C, True)
+    q, e = _load_blocks(w_ptr, s_ptr, n_blocks, C, True, 0, 0)
     return _decoded_dot(q, e, x_tile, acc, C, MMA, DECODE, INTERPRET)
 
 

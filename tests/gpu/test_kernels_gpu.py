@@ -166,8 +166,8 @@ def test_decode_variants_match_reference(decode, m):
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 
-@pytest.mark.parametrize("m,change", [(2, {"few_tokens_max": 2}), (1, {"few_tokens_gate_up_k_parts": 3}),
-                                      (1, {"down_k_parts": False, "few_tokens_max": 0}),
+@pytest.mark.parametrize("m,change", [(2, {"gate_up_half_rows_max": 2}), (1, {"gate_up_half_rows_max": 0}),
+                                      (1, {"down_k_parts": False, "gate_up_half_rows_max": 0}),
                                       (1, {"pdl": False}), (8, {"pdl": False}),
                                       (1, {"topk_in_gate_up_max": 0}), (4, {"topk_in_gate_up_max": 4})])
 def test_launch_plan_options_match_reference(m, change):

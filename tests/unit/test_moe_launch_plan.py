@@ -13,17 +13,17 @@ from gptoss_spark.kernels.moe import DEFAULT_CONFIG, distinct_plans, launch_plan
 from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts  # noqa: E402
 
 
-def test_one_token_shares_k_in_both_expert_kernels():
-    """One token, top-4: 4 experts for a down split of 8, so each expert's K is shared by 2 programs."""
+def test_one_token_halves_gate_up_rows_and_shares_down_k():
+    """One token, top-4: 4 experts for a down split of 8, so each expert's K is shared by 2 down
+    programs; gate_up's programs take 32 features each (twice the programs)."""
     p = launch_plan(1, 4)
-    assert (p.m_pad, p.gate_up_k_parts, p.down_k_parts) == (16, DEFAULT_CONFIG.few_tokens_gate_up_k_parts, 2)
-    assert p.gate_up_k_parts > 1
+    assert (p.m_pad, p.gate_up_half_rows, p.down_k_parts) == (16, True, 2)
 
 
 def test_enough_experts_for_the_split_means_the_plain_plan():
     for m in (2, 3, 16):
         p = launch_plan(m, 4)
-        assert (p.gate_up_k_parts, p.down_k_parts) == (1, 1), m
+        assert (p.gate_up_half_rows, p.down_k_parts) == (False, 1), m
     assert launch_plan(32, 4).m_pad == 32
 
 
@@ -39,10 +39,10 @@ def test_k_shares_are_a_power_of_two_dividing_the_split():
     assert launch_plan(1, 4, replace(DEFAULT_CONFIG, down_k_parts=False)).down_k_parts == 1
 
 
-def test_few_token_plan_follows_the_token_limit():
-    cfg = replace(DEFAULT_CONFIG, few_tokens_max=2, few_tokens_gate_up_k_parts=3)
-    assert [launch_plan(m, 4, cfg).gate_up_k_parts for m in (1, 2, 3)] == [3, 3, 1]
-    assert launch_plan(1, 4, replace(DEFAULT_CONFIG, few_tokens_max=0)).gate_up_k_parts == 1
+def test_half_rows_follow_the_token_limit():
+    cfg = replace(DEFAULT_CONFIG, gate_up_half_rows_max=2)
+    assert [launch_plan(m, 4, cfg).gate_up_half_rows for m in (1, 2, 3)] == [True, True, False]
+    assert not launch_plan(1, 4, replace(DEFAULT_CONFIG, gate_up_half_rows_max=0)).gate_up_half_rows
 
 
 def test_mma_sync_layout_takes_8_token_columns_up_to_8_tokens():
