@@ -75,45 +75,30 @@ def _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_s
 @triton.jit
 def gate_up_dot(w_ptr, s_ptr, gate_blk, up_blk, x_rows, x_ok, k_lo: tl.constexpr, k_hi: tl.constexpr,
                 acc_gate, acc_up, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
-                INTERPRET: tl.constexpr, MASK_COLS: tl.constexpr):
+                INTERPRET: tl.constexpr, MASK_COLS: tl.constexpr, HALF_W: tl.constexpr, HALF_S: tl.constexpr):
     """acc_gate/acc_up [64, M_PAD] += the gate/up row block over 64-k blocks k_lo..k_hi; one x tile feeds both.
 
     With MASK_COLS only the token columns x_ok [M_PAD] are read (mxfp4_decode.load_activations).
+    HALF_W != 0 (half rows): one dot per step instead of two, into acc_gate, of the tile that
+    mxfp4_split_block_dot puts together from the half block at w_ptr / s_ptr + gate_blk (its rows
+    0..31) and the one HALF_W / HALF_S bytes further on (rows 32..63); up_blk and acc_up are unused.
     """
     offs_k = tl.arange(0, C * 64)
     for c0 in range(k_lo, k_hi - (k_hi - k_lo) % C, C):
         xt = load_activations(x_rows[None, :] + (c0 * 64 + offs_k)[:, None], x_ok, MASK_COLS)
-        acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
-                                   acc_gate, C, MMA, DECODE, INTERPRET)
-        acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
-                                 C, MMA, DECODE, INTERPRET)
+        acc_gate = mxfp4_split_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
+                                         acc_gate, HALF_W, HALF_S, C, MMA, DECODE, INTERPRET)
+        if HALF_W == 0:
+            acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
+                                     C, MMA, DECODE, INTERPRET)
     for c0 in tl.static_range(k_hi - (k_hi - k_lo) % C, k_hi):  # the blocks left over when C does not divide
         xt = load_activations(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None], x_ok, MASK_COLS)
-        acc_gate = mxfp4_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
-                                   acc_gate, 1, MMA, DECODE, INTERPRET)
-        acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
-                                 1, MMA, DECODE, INTERPRET)
+        acc_gate = mxfp4_split_block_dot(w_ptr + (gate_blk + c0) * 2048, s_ptr + (gate_blk + c0) * 128, xt,
+                                         acc_gate, HALF_W, HALF_S, 1, MMA, DECODE, INTERPRET)
+        if HALF_W == 0:
+            acc_up = mxfp4_block_dot(w_ptr + (up_blk + c0) * 2048, s_ptr + (up_blk + c0) * 128, xt, acc_up,
+                                     1, MMA, DECODE, INTERPRET)
     return acc_gate, acc_up
-
-
-@triton.jit
-def gate_up_half_dot(w_ptr, s_ptr, x_rows, x_ok, KB: tl.constexpr, acc, UPPER_W: tl.constexpr,
-                     UPPER_S: tl.constexpr, C: tl.constexpr, MMA: tl.constexpr, DECODE: tl.constexpr,
-                     INTERPRET: tl.constexpr, MASK_COLS: tl.constexpr):
-    """acc [64, M_PAD] += 32 gate rows (tile rows 0..31) and the same 32 up rows (32..63) over all KB blocks.
-
-    w_ptr / s_ptr point at the gate half block (mxfp4_split_block_dot); one dot per C blocks.
-    """
-    offs_k = tl.arange(0, C * 64)
-    for c0 in range(0, KB - KB % C, C):
-        xt = load_activations(x_rows[None, :] + (c0 * 64 + offs_k)[:, None], x_ok, MASK_COLS)
-        acc = mxfp4_split_block_dot(w_ptr + c0 * 2048, s_ptr + c0 * 128, xt, acc, UPPER_W, UPPER_S,
-                                    C, MMA, DECODE, INTERPRET)
-    for c0 in tl.static_range(KB - KB % C, KB):
-        xt = load_activations(x_rows[None, :] + (c0 * 64 + tl.arange(0, 64))[:, None], x_ok, MASK_COLS)
-        acc = mxfp4_split_block_dot(w_ptr + c0 * 2048, s_ptr + c0 * 128, xt, acc, UPPER_W, UPPER_S,
-                                    1, MMA, DECODE, INTERPRET)
-    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -160,9 +145,10 @@ def moe_gate_up_kernel(
             # gate block b // 2 and the same half of up block b // 2 (mxfp4_split_block_dot).
             blk = expert * (2 * RB * KB) + (pid_b // 2) * KB
             half = pid_b % 2
-            acc = gate_up_half_dot(w_ptr + blk * 2048 + half * 1024, s_ptr + blk * 128 + half * 64,
-                                   x_rows, offs_m < M, KB, tl.zeros((64, M_PAD), dtype=tl.float32),
-                                   RB * KB * 2048 - 1024, RB * KB * 128 - 64, C, MMA, DECODE, INTERPRET, MASK_COLS)
+            acc, _ = gate_up_dot(w_ptr + blk * 2048 + half * 1024, s_ptr + blk * 128 + half * 64, 0, 0, x_rows,
+                                 offs_m < M, 0, KB,
+                                 tl.zeros((64, M_PAD), dtype=tl.float32), tl.zeros((64, M_PAD), dtype=tl.float32),
+                                 C, MMA, DECODE, INTERPRET, MASK_COLS, RB * KB * 2048 - 1024, RB * KB * 128 - 64)
             pdl_launch_next(PDL)
             # Tile rows 0..31 are gate, 32..63 up: in other warps, so this moves data (shared memory).
             acc_gate, acc_up = tl.split(tl.permute(tl.reshape(acc, (2, 32, M_PAD)), (1, 2, 0)))
@@ -173,7 +159,7 @@ def moe_gate_up_kernel(
             acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, gate_blk + RB * KB, x_rows, offs_m < M, 0, KB,
                                            tl.zeros((64, M_PAD), dtype=tl.float32),
                                            tl.zeros((64, M_PAD), dtype=tl.float32),
-                                           C, MMA, DECODE, INTERPRET, MASK_COLS)
+                                           C, MMA, DECODE, INTERPRET, MASK_COLS, 0, 0)
             pdl_launch_next(PDL)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
                           I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT, 64)

@@ -112,7 +112,7 @@ def moe_prefill_gate_up_kernel(
         acc_gate = tl.zeros((64, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((64, BLOCK_M), dtype=tl.float32)
         acc_gate, acc_up = gate_up_dot(w_ptr, s_ptr, gate_blk, gate_blk + RB * KB, x_rows, valid, 0, KB,
-                                       acc_gate, acc_up, C, MMA, DECODE, INTERPRET, True)
+                                       acc_gate, acc_up, C, MMA, DECODE, INTERPRET, True, 0, 0)
         h = swiglu(acc_gate, acc_up, b_ptr, expert, pid_b, I, HAS_BIAS, ALPHA, LIMIT, 64)
         offs_i = pid_b * 64 + tl.arange(0, 64)
         tl.store(h_ptr + pair[None, :] * I + offs_i[:, None], h.to(tl.bfloat16), mask=valid[None, :])
