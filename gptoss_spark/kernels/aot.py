@@ -173,8 +173,8 @@ def variant_jobs(shape: MoeShape, m: int, major: int, config=None) -> tuple[list
     plan = launch_plan(m, shape.top_k, cfg, mma)
     router = router_options(plan, cfg)
     k_per_split, n_split = k_split(shape.hidden, router.pop("split_k"), router["block_k"])
-    router_kw = launch_kwargs(m, shape.experts, shape.has_bias, n_split, not plan.topk_in_gate_up, shape.top_k,
-                              pdl=cfg.pdl, **router)
+    router_kw = launch_kwargs(m, shape.experts, shape.has_bias, n_split, k_per_split, not plan.topk_in_gate_up,
+                              shape.top_k, pdl=cfg.pdl, **router)
     gate_up_kw, down_kw = expert_launch_kwargs(plan, cfg, shape.hidden, shape.intermediate, shape.experts,
                                                shape.top_k, shape.has_bias, shape.has_bias, mma, cfg.decode, False,
                                                cfg.pdl, n_split)

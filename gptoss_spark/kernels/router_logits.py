@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .arrival import last_to_arrive, reset_arrivals
+from .mxfp4_decode import dot_bf16
 from .pdl import pdl_launch, pdl_launch_next, pdl_wait
 from .routing import publish_routing
 from .runtime import interpreting
@@ -37,28 +38,38 @@ def router_logits_kernel(
     M_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr = 1, FUSE_TOPK: tl.constexpr = False, TOPK: tl.constexpr = 4, E_PAD: tl.constexpr = 128,
     INTERPRET: tl.constexpr = False, TOPK_ROWS: tl.constexpr = 16, PDL: tl.constexpr = False,
+    PRELOAD_K: tl.constexpr = 0,
 ):
-    pdl_wait(PDL)  # x is the previous kernel's output
     pid_e = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_m = tl.arange(0, M_PAD)
-    offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_E, M_PAD), dtype=tl.float32)
     k_begin = pid_k * K_PER_SPLIT
-    for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
-        k = k0 + offs_k
-        k_ok = k < K
-        w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :],
-                    mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0).to(tl.bfloat16)
-        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
-                     mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0).to(tl.bfloat16)
-        if INTERPRET:
-            # Triton 3.9's CPU interpreter gets bf16 x bf16 tl.dot wrong (garbage
-            # values); fp32 operands hold bf16 exactly, so the math is unchanged.
-            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, xt, acc)
+    if PRELOAD_K > 0:
+        # The program's whole share of K as one tile (PRELOAD_K >= K_PER_SPLIT, launch_kwargs). The
+        # weights are parameters, no earlier kernel's output: asked for before the PDL wait, they
+        # arrive while the previous layer's down kernel ends, and after the wait only x (in L2) is read.
+        offs_k = tl.arange(0, PRELOAD_K)
+        k = k_begin + offs_k
+        k_ok = (offs_k < K_PER_SPLIT) & (k < K)
+        w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :], mask=(offs_e[:, None] < E) & k_ok[None, :],
+                    other=0.0).to(tl.bfloat16)
+        pdl_wait(PDL)  # x is the previous kernel's output
+        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None], mask=(offs_m[None, :] < M) & k_ok[:, None],
+                     other=0.0).to(tl.bfloat16)
+        acc = dot_bf16(w, xt, acc, INTERPRET)
+    else:
+        pdl_wait(PDL)  # x is the previous kernel's output
+        offs_k = tl.arange(0, BLOCK_K)
+        for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
+            k = k0 + offs_k
+            k_ok = k < K
+            w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :],
+                        mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0).to(tl.bfloat16)
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
+                         mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0).to(tl.bfloat16)
+            acc = dot_bf16(w, xt, acc, INTERPRET)
     if HAS_BIAS:  # into split 0 only, so the sum over splits adds it once
         bias = tl.load(b_ptr + offs_e, mask=offs_e < E, other=0.0).to(tl.float32)
         acc += tl.where(pid_k == 0, bias, 0.0)[:, None]
@@ -115,20 +126,29 @@ def router_logits_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     router_logits_kernel[grid](
         x, weight, bias if bias is not None else weight, out, ids, weights, experts, n_experts, counter,
         m, e, k, k_per_split, x.stride(0), weight.stride(0),
-        **launch_kwargs(m, e, bias is not None, split_k, routing is not None, top_k, block_e, block_k, topk_rows,
-                        m_pad, num_warps, num_stages, pdl, interpreting()))
+        **launch_kwargs(m, e, bias is not None, split_k, k_per_split, routing is not None, top_k, block_e, block_k,
+                        topk_rows, m_pad, num_warps, num_stages, pdl, interpreting()))
     return out
 
 
-def launch_kwargs(m: int, e: int, has_bias: bool, split_k: int, fuse_topk: bool, top_k: int = 4, block_e: int = 16,
-                  block_k: int = 64, topk_rows: int | None = None, m_pad: int | None = None, num_warps: int = 4,
-                  num_stages: int = 3, pdl: bool = False, interpret: bool = False) -> dict:
-    """router_logits_kernel's constexprs and launch options for m tokens and split_k programs along K.
+# Largest share of K (rounded up to a power of two) a program loads as one tile before its PDL
+# wait: 16 experts x 256 bf16 = 8 KB, 16 registers per thread of 4 warps. Decode's split (15
+# shares of 192) fits; one program over the whole of K (ops.router_logits) loops.
+PRELOAD_MAX_K = 256
+
+
+def launch_kwargs(m: int, e: int, has_bias: bool, split_k: int, k_per_split: int, fuse_topk: bool, top_k: int = 4,
+                  block_e: int = 16, block_k: int = 64, topk_rows: int | None = None, m_pad: int | None = None,
+                  num_warps: int = 4, num_stages: int = 3, pdl: bool = False, interpret: bool = False) -> dict:
+    """router_logits_kernel's constexprs and launch options for m tokens and split_k programs of
+    k_per_split along K (k_split).
 
     router_logits_partial launches with them and aot.compile_variants compiles them, so the
     compile-only check builds exactly the binary that runs.
     """
+    preload_k = triton.next_power_of_2(k_per_split)
     return dict(M_PAD=m_pad or m_pad_for(m), BLOCK_E=block_e, BLOCK_K=block_k, HAS_BIAS=has_bias, SPLIT_K=split_k,
+                PRELOAD_K=preload_k if preload_k <= PRELOAD_MAX_K else 0,
                 FUSE_TOPK=fuse_topk, TOPK=top_k, E_PAD=triton.next_power_of_2(e), INTERPRET=interpret,
                 TOPK_ROWS=topk_rows or topk_rows_for(m), num_warps=num_warps, num_stages=num_stages,
                 **pdl_launch(pdl))

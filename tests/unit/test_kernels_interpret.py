@@ -188,9 +188,19 @@ def test_prefill_matches_reference(k, m, e, top_k, bias, mma, c):
 
 @child_only
 @pytest.mark.parametrize("m", [1, 2, 4, 32])
-def test_router_logits(k, m):
-    x, rw, rb, *_ = make_block(k, 32, m, True, seed=m)
-    part = k.router_logits.router_logits_partial(x, rw, rb, split_k=2, block_k=32)
+@pytest.mark.parametrize("h, split_k, block_k, preloads", [
+    (64, 2, 32, True),     # shares of 32: one tile, loaded before the PDL wait
+    (192, 2, 64, True),    # shares of 128, the second half past K (masked)
+    (384, 2, 64, True),    # shares of 192 in tiles of 256 (as decode's 15 of 2880): masked at the share's end
+    (320, 1, 128, False),  # one share of 384: over PRELOAD_MAX_K, the K loop with a masked last step
+])
+def test_router_logits(k, m, h, split_k, block_k, preloads):
+    x, rw, rb, *_ = make_block(k, 32, m, True, seed=m, h=h)
+    k_per_split, n_split = k.router_logits.k_split(h, split_k, block_k)
+    kwargs = k.router_logits.launch_kwargs(m, 32, True, n_split, k_per_split, False, block_k=block_k)
+    assert (kwargs["PRELOAD_K"] > 0) == preloads
+    part = k.router_logits.router_logits_partial(x, rw, rb, split_k=split_k, block_k=block_k)
+    assert part.shape[0] == n_split
     torch.testing.assert_close(part.sum(0), k.reference.router_logits_ref(x, rw, rb), rtol=1e-5, atol=1e-5)
 
 
