@@ -1,10 +1,11 @@
 """Host side of the fused decode MoE: shapes, launch configs, and the three launches per layer.
 
-  1. router_logits_kernel  x @ Wr^T as K-split partials; its last program
-                           does top-k + softmax and lists the experts    (router_logits.py, routing.py)
-  2. moe_gate_up_kernel    gate_up, bias, SwiGLU -> h; at few tokens K is
-                           shared, the last program finishes, and each
-                           program takes the top-k itself, not the router  (moe_gate_up.py)
+  1. router_logits_kernel  x @ Wr^T as K-split partials; from 3 tokens its
+                           last program does top-k + softmax and lists
+                           the experts                                    (router_logits.py, routing.py)
+  2. moe_gate_up_kernel    gate_up, bias, SwiGLU -> h; at 1 and 2 tokens
+                           each program takes the top-k itself, and at one
+                           token 32 features per program (half rows)     (moe_gate_up.py)
   3. moe_down_kernel       down, bias, routing-weighted sum -> y; with a
                            split, each row block's last program adds the
                            partials                                       (moe_down.py)
@@ -61,6 +62,10 @@ class MoeLaunchConfig:
     # Up to this many tokens every gate_up program takes the top-k itself from the router's partial
     # logits, and the router ends without its last program's serial top-k (routing.py); 0: never.
     topk_in_gate_up_max: int = 2
+    # At one token (with the top-k in gate_up) gate_up's slot s takes the token's pick s instead of
+    # the s-th selected expert in index order: no used-expert list, scan or token match before the
+    # loop (moe_gate_up.py). run32: -1.4 us per layer at one token on layout 2, -0.9 on layout 3.
+    slots_by_pick: bool = True
     # Programmatic dependent launch between the three kernels (pdl.py): each launches the next after
     # its loop and waits for the previous one before its first read of it. run19: 1.2 to 1.7 us per
     # layer faster at M = 1, 2, 4 and 8.
@@ -83,6 +88,7 @@ class LaunchPlan:
     down_k_parts: int     # shares of K per expert among the down split's programs
     router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 8, 16 or 32)
     topk_in_gate_up: bool  # gate_up's programs take the top-k (config.topk_in_gate_up_max), not the router
+    slots_by_pick: bool   # one token, top-k in gate_up: slot s is the token's pick s (config.slots_by_pick)
 
 
 def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> LaunchPlan:
@@ -100,8 +106,10 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
         while config.down_split % (2 * parts) == 0 and 2 * parts * m * top_k <= config.down_split:
             parts *= 2
     m_pad = m_pad_for(m, config.mma_sync_m_pad if mma == 2 else 16)
+    topk_in_gate_up = m <= config.topk_in_gate_up_max
     return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), m <= config.gate_up_half_rows_max,
-                      parts, m_pad_for(m, config.router_m_pad), m <= config.topk_in_gate_up_max)
+                      parts, m_pad_for(m, config.router_m_pad), topk_in_gate_up,
+                      m == 1 and topk_in_gate_up and config.slots_by_pick)
 
 
 def router_options(plan: LaunchPlan, config: MoeLaunchConfig) -> dict:
@@ -123,7 +131,7 @@ def expert_launch_kwargs(plan: LaunchPlan, config: MoeLaunchConfig, h: int, i: i
                   num_warps=EXPERT_WARPS, **pdl_launch(pdl))
     gate_up = dict(common, HAS_BIAS=gate_up_bias, C=config.gate_up_c, HALF_ROWS=plan.gate_up_half_rows,
                    ROUTE=plan.topk_in_gate_up, N_SPLIT=router_splits, E_PAD=triton.next_power_of_2(e),
-                   TOPK_ROWS=plan.topk_rows, num_stages=config.gate_up_stages)
+                   TOPK_ROWS=plan.topk_rows, SLOTS_BY_PICK=plan.slots_by_pick, num_stages=config.gate_up_stages)
     down = dict(common, HAS_BIAS=down_bias, C=config.down_c, SPLIT=config.down_split, K_PARTS=plan.down_k_parts,
                 num_stages=config.down_stages)
     return gate_up, down

@@ -10,7 +10,8 @@ Who runs it depends on the launch plan (moe.launch_plan): from a few tokens
 on, the router kernel's last program, once; at the fewest tokens every gate_up
 program runs the top-k itself (topk_softmax, expert_of_slot) and its first
 program stores the tables for down, so the router ends without an arrival and
-a serial tail.
+a serial tail. At one token a gate_up program needs only its slot's expert,
+the token's pick number `slot` (topk_logits, pick_of_token0): no list, no scan.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import triton.language as tl
 
 
 @triton.jit
-def topk_softmax(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
-    """-> ids int32 [M_PAD, TOPK], weights fp32 [M_PAD, TOPK], used int32 [E_PAD] (1 = some token chose it).
+def topk_logits(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+    """-> ids int32 [M_PAD, TOPK] (each token's picks, largest logit first), vals fp32 [M_PAD, TOPK]
+    (their logits), used int32 [E_PAD] (1 = some token chose it).
 
     Ties go to the lower expert index (torch.topk does not promise any order).
     Rows m >= M are padding: their ids are 0 and they mark nothing as used.
@@ -39,16 +41,28 @@ def topk_softmax(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, 
     ids = tl.zeros((M_PAD, TOPK), dtype=tl.int32)
     vals = tl.zeros((M_PAD, TOPK), dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        best = tl.max(logits, axis=1)
-        arg = tl.argmax(logits, axis=1, tie_break_left=True).to(tl.int32)
-        ids = tl.where(offs_t[None, :] == j, arg[:, None], ids)
+        # One reduction of (logit, index) pairs per pick, not a max beside an argmax.
+        best, arg = tl.max(logits, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        ids = tl.where(offs_t[None, :] == j, arg[:, None].to(tl.int32), ids)
         vals = tl.where(offs_t[None, :] == j, best[:, None], vals)
         logits = tl.where(offs_e[None, :] == arg[:, None], float("-inf"), logits)
     # Selected entries are exactly the valid ones now at -inf (router logits are finite).
     used = tl.max(tl.where(valid & (logits == float("-inf")), 1, 0), axis=0)
+    return ids, vals, used
+
+
+@triton.jit
+def softmax_rows(vals):
+    """[rows, TOPK] logits -> the routing weights: a softmax over each row."""
     p = tl.exp(vals - tl.max(vals, axis=1)[:, None])
-    weights = p / tl.sum(p, axis=1)[:, None]
-    return ids, weights, used
+    return p / tl.sum(p, axis=1)[:, None]
+
+
+@triton.jit
+def topk_softmax(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+    """-> ids int32 [M_PAD, TOPK], weights fp32 [M_PAD, TOPK], used int32 [E_PAD] (topk_logits, softmax_rows)."""
+    ids, vals, used = topk_logits(partial_ptr, M, E, N_SPLIT, M_PAD, E_PAD, TOPK)
+    return ids, softmax_rows(vals), used
 
 
 @triton.jit
@@ -92,6 +106,20 @@ def expert_of_slot(used, slot, E_PAD: tl.constexpr):
     rank = tl.cumsum(used, axis=0) - 1
     expert = tl.sum(tl.where((used > 0) & (rank == slot), offs_e, 0), axis=0)
     return expert, tl.sum(used, axis=0)
+
+
+@triton.jit
+def used_of(ids, M, M_PAD: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr):
+    """ids [M_PAD, TOPK] -> used int32 [E_PAD] (1 = some token m < M chose it), as topk_softmax's."""
+    hit = (ids[:, :, None] == tl.arange(0, E_PAD)[None, None, :]) & (tl.arange(0, M_PAD) < M)[:, None, None]
+    return tl.max(tl.max(hit.to(tl.int32), axis=1), axis=0)
+
+
+@triton.jit
+def pick_of_token0(ids, slot, M_PAD: tl.constexpr, TOPK: tl.constexpr):
+    """ids [M_PAD, TOPK] -> token 0's pick number `slot`."""
+    at = (tl.arange(0, M_PAD)[:, None] == 0) & (tl.arange(0, TOPK)[None, :] == slot)
+    return tl.sum(tl.sum(tl.where(at, ids, 0), axis=1), axis=0)
 
 
 @triton.jit

@@ -61,10 +61,15 @@ def test_compile_only_jobs_set_every_constexpr(major):
         if "ALPHA" in bound:
             assert bound["ALPHA"] == SWIGLU_ALPHA
         assert all(bound[k] == v for k, v in consts.items())
-    # At one token the gate_up job is what fused_moe_decode passes (PDL, half rows, the top-k in gate_up).
+    # At one token the gate_up job is what fused_moe_decode passes (PDL, half rows, the top-k in gate_up,
+    # slots by pick) and the router's loads its share of K before its PDL wait.
     plan = moe.launch_plan(1, 4, moe.DEFAULT_CONFIG, mma)
-    gate_up = next(c for k, _, c, _ in aot.variant_jobs(GPT_OSS_120B, 1, major)[0] if k is moe_gate_up_kernel)
+    jobs_1 = aot.variant_jobs(GPT_OSS_120B, 1, major)[0]
+    gate_up = next(c for k, _, c, _ in jobs_1 if k is moe_gate_up_kernel)
     assert gate_up["HALF_ROWS"] is plan.gate_up_half_rows is True and gate_up["ROUTE"] and gate_up["PDL"]
+    assert gate_up["SLOTS_BY_PICK"] is plan.slots_by_pick is True
+    router = next(c for k, _, c, _ in jobs_1 if k.fn.__name__ == "router_logits_kernel")
+    assert router["PRELOAD_K"] == 256  # 2880 in 15 shares of 192
 
 
 def test_build_without_gpu_fails_in_one_line(capsys, tmp_path):

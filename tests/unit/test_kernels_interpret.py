@@ -152,19 +152,24 @@ def test_topk_rows_route_like_the_reference(k, m, min_rows):
 @pytest.mark.parametrize("m,min_rows", [(1, 4), (3, 4), (2, 16)])
 @pytest.mark.parametrize("mma", [3, 2])
 def test_topk_in_gate_up_matches_topk_in_router(k, m, min_rows, mma):
-    """The two places the top-k can run (moe.launch_plan: every gate_up program, or the router's last
+    """The places the top-k can run (moe.launch_plan: every gate_up program, or the router's last
     program) give the same routing tables and the same output bits, on both layouts; min_rows 16 on
-    layout 2 makes the top-k tile (16 rows) taller than the expert kernels' (8 token columns)."""
+    layout 2 makes the top-k tile (16 rows) taller than the expert kernels' (8 token columns). At one
+    token gate_up's slots follow the token's picks (slots_by_pick) or the experts' index order."""
     args = make_block(k, 16, m, True, seed=70 + m + min_rows)
     kargs = kernel_args(k, args, mma)
     results = []
-    for route_max in (4, 0):
+    ways = [(4, True), (0, True)] + ([(4, False)] if m == 1 else [])
+    for route_max, by_pick in ways:
         cfg = k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=1, down_c=1, down_split=4,
-                                    router_topk_min_rows=min_rows, topk_in_gate_up_max=route_max)
-        assert k.moe.launch_plan(m, 4, cfg, mma).topk_in_gate_up == (route_max > 0)
+                                    router_topk_min_rows=min_rows, topk_in_gate_up_max=route_max,
+                                    slots_by_pick=by_pick)
+        plan = k.moe.launch_plan(m, 4, cfg, mma)
+        assert (plan.topk_in_gate_up, plan.slots_by_pick) == (route_max > 0, route_max > 0 and by_pick and m == 1)
         results.append(k.moe.fused_moe_decode(*kargs, 4, cfg, return_routing=True, mma=mma))
-    (out_g, ids_g, w_g), (out_r, ids_r, w_r) = results
-    assert torch.equal(ids_g, ids_r) and torch.equal(w_g, w_r) and torch.equal(out_g, out_r)
+    (out_g, ids_g, w_g), *others = results
+    for out_r, ids_r, w_r in others:
+        assert torch.equal(ids_g, ids_r) and torch.equal(w_g, w_r) and torch.equal(out_g, out_r)
     ref_ids, _ = k.reference.topk_softmax_ref(k.reference.router_logits_ref(*args[:3]), 4)
     assert torch.equal(ids_g, ref_ids)
     assert rel_err(out_g, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL

@@ -61,6 +61,13 @@ def test_topk_runs_in_gate_up_up_to_its_token_limit():
     assert not any(launch_plan(m, 4, cfg).topk_in_gate_up for m in (1, 2))
 
 
+def test_slots_follow_the_picks_at_one_token_only():
+    """Slot s = the token's pick s needs one token (distinct picks) and the top-k in gate_up."""
+    assert [launch_plan(m, 4).slots_by_pick for m in (1, 2, 3)] == [True, False, False]
+    assert not launch_plan(1, 4, replace(DEFAULT_CONFIG, topk_in_gate_up_max=0)).slots_by_pick
+    assert not launch_plan(1, 4, replace(DEFAULT_CONFIG, slots_by_pick=False)).slots_by_pick
+
+
 @pytest.mark.parametrize("mma", [2, 3])
 def test_aot_token_counts_cover_every_plan(mma):
     """The AOT build launches one token count per distinct plan; every m in 1..32 maps to one of them."""
