@@ -6,38 +6,19 @@ usage: [DISABLE_MMA_V3=1] python3 probe2.py   (from the repository root)
 Fixed after its run: the scale buffer was a quarter of the size the blocks read (128 scale bytes per
 2 KB block), as in run31's stream_probe.py; layout 3's run read past it without a fault (its numbers
 are in probe2_l3.txt), layout 2's faulted. Each iteration also loads the whole activation tile
-(C*64 x N bf16, from L2), which the kernels at one token do not (they read one column).
+(C*64 x N bf16, from L2), which the kernels at one token do not (they read one column). The kernel
+and the timer are run31's (the run used a copy of them).
 """
-import os, sys
-import torch, triton, triton.language as tl
+import os
+import sys
+
+import torch
+
 sys.path.insert(0, os.getcwd())
-from gptoss_spark.kernels.mxfp4_decode import mxfp4_block_dot
-from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "run31"))
+from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
+from stream_probe import stream_ptr, time_us  # noqa: E402  (run31's loop-body kernel and timer)
 
-@triton.jit
-def stream_ptr(w_ptr, s_ptr, x_ptr, out_ptr, ITERS: tl.constexpr, C: tl.constexpr, N: tl.constexpr, MMA: tl.constexpr):
-    pid = tl.program_id(0)
-    blk = pid.to(tl.int64) * (ITERS * C)
-    offs_k = tl.arange(0, C * 64)
-    acc = tl.zeros((64, N), dtype=tl.float32)
-    for c0 in range(0, ITERS * C, C):
-        xt = tl.load(x_ptr + (c0 * 64 + offs_k)[:, None] * N + tl.arange(0, N)[None, :])
-        acc = mxfp4_block_dot(w_ptr + (blk + c0) * 2048, s_ptr + (blk + c0) * 128, xt, acc, C, MMA, 2, False)
-    tl.store(out_ptr + pid * 64 * N + tl.arange(0, 64)[:, None] * N + tl.arange(0, N)[None, :], acc)
-
-def time_us(fn, reps=50):
-    fn(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
-    g.replay(); torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        g.replay()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / reps / 10
 
 def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -56,9 +37,13 @@ def main():
                 sc = torch.full((n_rows // 4, 4), 126, dtype=torch.uint8, device="cuda")  # 128 bytes per block
                 out = torch.empty(programs * 64 * n, dtype=torch.float32, device="cuda")
                 mb = w.numel() / 1e6
-                k = stream_ptr[(programs,)](w, sc, x, out, iters, C, n, mma, num_warps=4, num_stages=stages)
-                t = time_us(lambda: stream_ptr[(programs,)](w, sc, x, out, iters, C, n, mma, num_warps=4, num_stages=stages))
+                def launch():
+                    return stream_ptr[(programs,)](w, sc, x, out, iters, C, n, mma, num_warps=4, num_stages=stages)
+                k = launch()
+                t = time_us(launch, reps=50)
                 print(f"stages {stages} iters/SM {iters_per_sm} P {p} ({iters} it, regs {k.n_regs}, smem {k.metadata.shared//1024} KB): "
                       f"{t:6.2f} us  {mb:.1f} MB  {mb/t/sms*1e3:.1f} GB/s/SM", flush=True)
 
-main()
+
+if __name__ == "__main__":
+    main()
