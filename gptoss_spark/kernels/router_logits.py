@@ -29,6 +29,20 @@ from .routing import publish_routing
 from .runtime import interpreting
 
 
+@triton.jit
+def _weight_tile(w_ptr, offs_e, k, k_ok, E, stride_we):
+    """Wr[offs_e, k] as bf16 [experts, k]; zero where k_ok is false or the expert is past E."""
+    return tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :], mask=(offs_e[:, None] < E) & k_ok[None, :],
+                   other=0.0).to(tl.bfloat16)
+
+
+@triton.jit
+def _x_tile(x_ptr, offs_m, k, k_ok, M, stride_xm):
+    """x[offs_m, k] as bf16 [k, token columns]; zero where k_ok is false or the token is past M."""
+    return tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None], mask=(offs_m[None, :] < M) & k_ok[:, None],
+                   other=0.0).to(tl.bfloat16)
+
+
 @triton.jit(do_not_specialize=["M"])
 def router_logits_kernel(
     x_ptr, w_ptr, b_ptr, partial_ptr,
@@ -53,23 +67,17 @@ def router_logits_kernel(
         offs_k = tl.arange(0, PRELOAD_K)
         k = k_begin + offs_k
         k_ok = (offs_k < K_PER_SPLIT) & (k < K)
-        w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :], mask=(offs_e[:, None] < E) & k_ok[None, :],
-                    other=0.0).to(tl.bfloat16)
+        w = _weight_tile(w_ptr, offs_e, k, k_ok, E, stride_we)
         pdl_wait(PDL)  # x is the previous kernel's output
-        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None], mask=(offs_m[None, :] < M) & k_ok[:, None],
-                     other=0.0).to(tl.bfloat16)
-        acc = dot_bf16(w, xt, acc, INTERPRET)
+        acc = dot_bf16(w, _x_tile(x_ptr, offs_m, k, k_ok, M, stride_xm), acc, INTERPRET)
     else:
         pdl_wait(PDL)  # x is the previous kernel's output
         offs_k = tl.arange(0, BLOCK_K)
         for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
             k = k0 + offs_k
             k_ok = k < K
-            w = tl.load(w_ptr + offs_e[:, None] * stride_we + k[None, :],
-                        mask=(offs_e[:, None] < E) & k_ok[None, :], other=0.0).to(tl.bfloat16)
-            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
-                         mask=(offs_m[None, :] < M) & k_ok[:, None], other=0.0).to(tl.bfloat16)
-            acc = dot_bf16(w, xt, acc, INTERPRET)
+            acc = dot_bf16(_weight_tile(w_ptr, offs_e, k, k_ok, E, stride_we),
+                           _x_tile(x_ptr, offs_m, k, k_ok, M, stride_xm), acc, INTERPRET)
     if HAS_BIAS:  # into split 0 only, so the sum over splits adds it once
         bias = tl.load(b_ptr + offs_e, mask=offs_e < E, other=0.0).to(tl.float32)
         acc += tl.where(pid_k == 0, bias, 0.0)[:, None]
