@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .mxfp4_decode import load_activations, mxfp4_block_dot, mxfp4_split_block_dot
-from .pdl import pdl_launch_next, pdl_wait
+from .pdl import pdl_release_then_launch_next, pdl_wait
 from .routing import (expert_of_slot, pick_of_token0, rows_to, softmax_rows, store_routing, tokens_of_expert,
                       topk_logits, topk_softmax, used_of)
 
@@ -127,13 +127,16 @@ def moe_gate_up_kernel(
     offs_m = tl.arange(0, M_PAD)
     offs_t = tl.arange(0, TOPK)
     pdl_wait(PDL)  # the routing (with ROUTE: the router's partial logits) is the router kernel's output
+    # With ROUTE this program stores the routing tables for down, which reads them before its PDL wait:
+    # it releases them before it lets down launch.
+    stores_routing = (pid_b == 0) & (slot == 0)
     if SLOTS_BY_PICK:
         # One token: slot s takes the token's pick s; h goes to (token 0, slot s). The weights and the
         # list are made in program (0, 0) only: topk_logits' list goes unused, so it is not computed.
         ids_r, vals_r, unused = topk_logits(logits_ptr, M, E, N_SPLIT, TOPK_ROWS, E_PAD, TOPK)
         expert32 = pick_of_token0(ids_r, slot, TOPK_ROWS, TOPK)
         n_experts = TOPK
-        if (pid_b == 0) & (slot == 0):
+        if stores_routing:
             store_routing(ids_r, softmax_rows(vals_r), used_of(ids_r, M, TOPK_ROWS, E_PAD, TOPK), ids_ptr,
                           route_weights_ptr, experts_ptr, n_experts_ptr, M, E, TOPK_ROWS, E_PAD, TOPK)
         routed = offs_m == 0
@@ -141,7 +144,7 @@ def moe_gate_up_kernel(
     elif ROUTE:
         ids_r, weights_r, used = topk_softmax(logits_ptr, M, E, N_SPLIT, TOPK_ROWS, E_PAD, TOPK)
         expert32, n_experts = expert_of_slot(used, slot, E_PAD)
-        if (pid_b == 0) & (slot == 0):  # every program has the tables; one stores them for down
+        if stores_routing:  # every program has the tables; one stores them for down
             store_routing(ids_r, weights_r, used, ids_ptr, route_weights_ptr, experts_ptr, n_experts_ptr,
                           M, E, TOPK_ROWS, E_PAD, TOPK)
         routed_r, slot_r = tokens_of_expert(ids_r, expert32, M, TOPK_ROWS, TOPK)
@@ -166,7 +169,7 @@ def moe_gate_up_kernel(
                                  offs_m < M, 0, KB,
                                  tl.zeros((64, M_PAD), dtype=tl.float32), tl.zeros((64, M_PAD), dtype=tl.float32),
                                  C, MMA, DECODE, INTERPRET, MASK_COLS, RB * KB * 2048 - 1024, RB * KB * 128 - 64)
-            pdl_launch_next(PDL)
+            pdl_release_then_launch_next(PDL, ROUTE and stores_routing)
             # Tile rows 0..31 are gate, 32..63 up: in other warps, so this moves data (shared memory).
             acc_gate, acc_up = tl.split(tl.permute(tl.reshape(acc, (2, 32, M_PAD)), (1, 2, 0)))
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
@@ -177,6 +180,6 @@ def moe_gate_up_kernel(
                                            tl.zeros((64, M_PAD), dtype=tl.float32),
                                            tl.zeros((64, M_PAD), dtype=tl.float32),
                                            C, MMA, DECODE, INTERPRET, MASK_COLS, 0, 0)
-            pdl_launch_next(PDL)
+            pdl_release_then_launch_next(PDL, ROUTE and stores_routing)
             _swiglu_store(acc_gate, acc_up, h_ptr, b_ptr, expert, pid_b, routed, token_slot,
                           I, TOPK, M_PAD, HAS_BIAS, ALPHA, LIMIT, 64)

@@ -9,6 +9,13 @@ while the epilogues (the last-to-arrive sums, the router's top-k) run, instead
 of after them. (Session 2 tried both at every kernel's start: +6 us at one
 token, results/run9; MoeLaunchConfig.pdl.) Without PDL both return at once;
 with PDL off they are not even emitted.
+
+A kernel may read before its pdl_wait what the previous kernel's programs
+released before they launched it (pdl_release_then_launch_next), and what a
+kernel two launches back wrote: the previous kernel's programs launch it only
+after their own pdl_wait, so that kernel had ended and its writes were visible.
+down reads the routing so, whether gate_up (1-2 tokens) or the router wrote it
+(moe_down.py).
 """
 
 from __future__ import annotations
@@ -32,4 +39,19 @@ def pdl_wait(PDL: tl.constexpr):
 @triton.jit
 def pdl_launch_next(PDL: tl.constexpr):
     if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release_then_launch_next(PDL: tl.constexpr, release):
+    """pdl_launch_next, after a GPU-scope fence in the programs where `release` is true.
+
+    Each thread's fence makes its earlier stores visible GPU-wide before it goes on, so the next
+    kernel's programs, placed only once every program has launched them, may read those stores
+    before their pdl_wait (fence.acq_rel.gpu: one L2 round trip, only where asked for).
+    """
+    if PDL:
+        if release:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [release.to(tl.int32)],
+                                      dtype=tl.int32, is_pure=False, pack=1)
         gdc_launch_dependents()

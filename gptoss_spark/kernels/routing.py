@@ -26,7 +26,7 @@ def topk_logits(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E
     (their logits), used int32 [E_PAD] (1 = some token chose it).
 
     Ties go to the lower expert index (torch.topk does not promise any order).
-    Rows m >= M are padding: their ids are 0 and they mark nothing as used.
+    Rows m >= M are padding: they mark nothing as used (their ids and vals are never stored).
     """
     offs_m = tl.arange(0, M_PAD)
     offs_e = tl.arange(0, E_PAD)
@@ -40,15 +40,74 @@ def topk_logits(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E
     logits = tl.where(valid, logits, float("-inf"))
     ids = tl.zeros((M_PAD, TOPK), dtype=tl.int32)
     vals = tl.zeros((M_PAD, TOPK), dtype=tl.float32)
-    for j in tl.static_range(TOPK):
-        # One reduction of (logit, index) pairs per pick, not a max beside an argmax.
-        best, arg = tl.max(logits, axis=1, return_indices=True, return_indices_tie_break_left=True)
-        ids = tl.where(offs_t[None, :] == j, arg[:, None].to(tl.int32), ids)
-        vals = tl.where(offs_t[None, :] == j, best[:, None], vals)
-        logits = tl.where(offs_e[None, :] == arg[:, None], float("-inf"), logits)
-    # Selected entries are exactly the valid ones now at -inf (router logits are finite).
-    used = tl.max(tl.where(valid & (logits == float("-inf")), 1, 0), axis=0)
+    if (TOPK == 4) & (M_PAD <= 4):
+        # gpt-oss's top-4 at 1-4 tokens (at 1-2 in every gate_up program, before its loop): one
+        # reduction of ranked lists of four (logit, index) pairs instead of four reductions one after
+        # another, each waiting for the last: -0.2 us of gate_up at one token though it issues more
+        # instructions (results/run33). Each element is a list of itself and three placeholders, 8
+        # values, so only up to 4 rows (4 elements per thread); taller tiles take the rounds below.
+        ninf = tl.full((M_PAD, E_PAD), float("-inf"), tl.float32)
+        none = tl.full((M_PAD, E_PAD), E_PAD, tl.int32)  # a placeholder ranks after every expert
+        index = tl.broadcast_to(offs_e[None, :], (M_PAD, E_PAD))
+        v0, v1, v2, v3, i0, i1, i2, i3 = tl.reduce((logits, ninf, ninf, ninf, index, none, none, none), 1,
+                                                   _merge_top4)
+        picks = ((v0, i0), (v1, i1), (v2, i2), (v3, i3))
+        chosen = tl.zeros((M_PAD, E_PAD), dtype=tl.int1)
+        for j in tl.static_range(4):
+            ids = tl.where(offs_t[None, :] == j, picks[j][1][:, None], ids)
+            vals = tl.where(offs_t[None, :] == j, picks[j][0][:, None], vals)
+            chosen = chosen | (offs_e[None, :] == picks[j][1][:, None])
+    else:
+        for j in tl.static_range(TOPK):
+            # One reduction of (logit, index) pairs per pick, not a max beside an argmax.
+            best, arg = tl.max(logits, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            ids = tl.where(offs_t[None, :] == j, arg[:, None].to(tl.int32), ids)
+            vals = tl.where(offs_t[None, :] == j, best[:, None], vals)
+            logits = tl.where(offs_e[None, :] == arg[:, None], float("-inf"), logits)
+        # Selected entries are exactly the valid ones now at -inf (router logits are finite).
+        chosen = logits == float("-inf")
+    used = tl.max(tl.where(valid & chosen, 1, 0), axis=0)
     return ids, vals, used
+
+
+@triton.jit
+def _ranks_first(va, ia, vb, ib):
+    """(va, ia) ranks before (vb, ib): the larger logit; on a tie, the lower expert index."""
+    return (va > vb) | ((va == vb) & (ia < ib))
+
+
+@triton.jit
+def _first(va, ia, vb, ib):
+    """The pair of the two that ranks first."""
+    a = _ranks_first(va, ia, vb, ib)
+    return tl.where(a, va, vb), tl.where(a, ia, ib)
+
+
+@triton.jit
+def _order(va, ia, vb, ib):
+    """Two pairs -> (first, second) by rank: a compare-exchange."""
+    a = _ranks_first(va, ia, vb, ib)
+    return tl.where(a, va, vb), tl.where(a, ia, ib), tl.where(a, vb, va), tl.where(a, ib, ia)
+
+
+@triton.jit
+def _merge_top4(a0, a1, a2, a3, ia0, ia1, ia2, ia3, b0, b1, b2, b3, ib0, ib1, ib2, ib3):
+    """Two lists of four pairs, each in rank order -> the four that rank first of the eight, in order.
+
+    Batcher's bitonic merge: a_k against b_(3-k) keeps the first four (in a bitonic order), two
+    rounds of compare-exchange sort them. Rank is a total order on experts (indices differ;
+    placeholders tie only with each other and never outrank an expert), so the result is what four
+    rounds of "largest logit, lowest index on a tie" give, whatever order the reduction merges in.
+    """
+    c0, j0 = _first(a0, ia0, b3, ib3)
+    c1, j1 = _first(a1, ia1, b2, ib2)
+    c2, j2 = _first(a2, ia2, b1, ib1)
+    c3, j3 = _first(a3, ia3, b0, ib0)
+    c0, j0, c2, j2 = _order(c0, j0, c2, j2)
+    c1, j1, c3, j3 = _order(c1, j1, c3, j3)
+    c0, j0, c1, j1 = _order(c0, j0, c1, j1)
+    c2, j2, c3, j3 = _order(c2, j2, c3, j3)
+    return c0, c1, c2, c3, j0, j1, j2, j3
 
 
 @triton.jit

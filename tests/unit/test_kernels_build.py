@@ -72,6 +72,39 @@ def test_compile_only_jobs_set_every_constexpr(major):
     assert router["PRELOAD_K"] == 256  # 2880 in 15 shares of 192
 
 
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_down_reads_the_routing_before_its_pdl_wait_only_once_released(m):
+    """down reads the routing tables before griddepcontrol.wait, from L2 (.cg: no stale L1 line of an
+    earlier layer's tables). That is safe only if their writer made them visible before down could be
+    placed: when gate_up stores them (the top-k in gate_up, 1-2 tokens) it fences before it launches
+    down; the router's tables (3+ tokens) are two launches back. Checked in the sm_121a PTX (compile only)."""
+    pytest.importorskip("triton")
+    r = run_py(f"""
+        import re
+        from triton.backends.compiler import GPUTarget
+        from gptoss_spark.kernels.aot import compile_variants
+        from gptoss_spark.kernels.moe import DEFAULT_CONFIG, launch_plan
+        from gptoss_spark.kernels.variants import GPT_OSS_120B
+        print(launch_plan({m}, 4, DEFAULT_CONFIG, 2).topk_in_gate_up)
+        for name, k in compile_variants(GPT_OSS_120B, {m}, GPUTarget("cuda", 121, 32)):
+            ptx = k.asm["ptx"]
+            wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+            fence = ptx.find("fence.acq_rel.gpu")
+            print(name, wait, launch, fence, *re.findall(r"ld\\.global[.\\w]*", ptx[:wait]))
+    """, TRITON_DEFAULT_FP_FUSION="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    gate_up_routes = r.stdout.splitlines()[0] == "True"
+    kernels = {name: ([int(x) for x in rest[:3]], rest[3:])
+               for name, *rest in (line.split() for line in r.stdout.splitlines()[1:])}
+    _, early_loads = kernels["moe_down_kernel"]
+    assert len(early_loads) >= 4 and all(".cg" in ld for ld in early_loads), r.stdout  # ids, weights, count, expert
+    (_, launch, fence), _ = kernels["moe_gate_up_kernel"]
+    if gate_up_routes:
+        assert 0 <= fence < launch, r.stdout
+    else:
+        assert fence == -1, r.stdout
+
+
 def test_build_without_gpu_fails_in_one_line(capsys, tmp_path):
     pytest.importorskip("torch")
     import torch
