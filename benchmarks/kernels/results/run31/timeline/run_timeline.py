@@ -2,8 +2,12 @@
 
 usage: python3 run_timeline.py OUT.pt [M]; then analyze.py (on a .pt or this folder's .npz)."""
 import os, sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "benchmarks", "kernels"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
+# The tree this copy of the script sits in (benchmarks/kernels/results/run31/timeline/ -> its root), so that
+# a copy with the stamps applied times its own kernels. (Until session 11 this went up 4 levels, one
+# short; run33 ran it with PYTHONPATH set instead, as its README shows. Not run since the fix.)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 5)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "kernels"))
+sys.path.insert(0, ROOT)
 import torch
 import bench_moe as B
 from gptoss_spark.kernels import router_logits as RL
