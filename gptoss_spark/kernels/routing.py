@@ -52,11 +52,10 @@ def topk_logits(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E
         v0, v1, v2, v3, i0, i1, i2, i3 = tl.reduce((logits, ninf, ninf, ninf, index, none, none, none), 1,
                                                    _merge_top4)
         picks = ((v0, i0), (v1, i1), (v2, i2), (v3, i3))
-        chosen = tl.zeros((M_PAD, E_PAD), dtype=tl.int1)
         for j in tl.static_range(4):
             ids = tl.where(offs_t[None, :] == j, picks[j][1][:, None], ids)
             vals = tl.where(offs_t[None, :] == j, picks[j][0][:, None], vals)
-            chosen = chosen | (offs_e[None, :] == picks[j][1][:, None])
+        used = used_of(ids, M, M_PAD, E_PAD, TOPK)
     else:
         for j in tl.static_range(TOPK):
             # One reduction of (logit, index) pairs per pick, not a max beside an argmax.
@@ -65,8 +64,7 @@ def topk_logits(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E
             vals = tl.where(offs_t[None, :] == j, best[:, None], vals)
             logits = tl.where(offs_e[None, :] == arg[:, None], float("-inf"), logits)
         # Selected entries are exactly the valid ones now at -inf (router logits are finite).
-        chosen = logits == float("-inf")
-    used = tl.max(tl.where(valid & chosen, 1, 0), axis=0)
+        used = tl.max(tl.where(valid & (logits == float("-inf")), 1, 0), axis=0)
     return ids, vals, used
 
 
