@@ -188,12 +188,13 @@ def variant_jobs(shape: MoeShape, m: int, major: int, config=None) -> tuple[list
                               "route_weights_ptr": "*fp32"}, gate_up_kw),
         (moe_down_kernel, {"h_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "experts_ptr": "*i32",
                            "n_experts_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
-                           "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32"}, down_kw),
+                           "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32",
+                           "sums_ptr": "*i64"}, down_kw),
     ]
     return [(k, ptrs, *_split_options(kw)) for k, ptrs, kw in jobs], _int_args(shape, k_per_split)
 
 
-_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
+_OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
 
 
 def _split_options(kwargs: dict) -> tuple[dict, dict]:

@@ -7,8 +7,9 @@
                            each program takes the top-k itself, and at one
                            token 32 features per program (half rows)     (moe_gate_up.py)
   3. moe_down_kernel       down, bias, routing-weighted sum -> y; with a
-                           split, each row block's last program adds the
-                           partials                                       (moe_down.py)
+                           split, the programs' shares are added by
+                           counted fixed-point atomics (one token) or by
+                           each row block's last program                  (moe_down.py, counted_sum.py)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .counted_sum import MAX_ADDS
 from .moe_down import moe_down_kernel
 from .moe_gate_up import moe_gate_up_kernel
 from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
@@ -51,7 +53,7 @@ class MoeLaunchConfig:
     gate_up_stages: int = 3
     down_c: int = 4
     down_stages: int = 3
-    down_split: int = 8  # >1: work split over programs, partials added by each row block's last program
+    down_split: int = 8  # >1: work split over programs whose shares are summed (<= counted_sum.MAX_ADDS)
     # Few tokens select few experts: too few programs, each a long chain of dependent loads
     # (launch_plan). Up to this many tokens each gate_up program takes 32 gate and 32 up features
     # instead of 64 (twice the programs, moe_gate_up.py); 0: never. At 2 tokens it cost
@@ -72,6 +74,21 @@ class MoeLaunchConfig:
     pdl: bool = True
     # mxfp4_decode.py: 1 portable (interpreter), 2 inline PTX (GPU only)
     decode: int = 2
+    # Up to this many tokens down's programs sum their shares by counted fixed-point atomics
+    # (counted_sum.py, one L2 round trip), above it by partials and a last-to-arrive sum (three);
+    # 0: never. run35 (H200): -0.2 to -0.7 us per layer at one token on both layouts, none at 2,
+    # and up to +8 % from 8 tokens on layout 2, where the atomics grow with the token columns.
+    down_counted_max: int = 1
+    # ptxas's register cap for down with counted sums on layout 3 (wgmma; the launch option
+    # maxnreg), 0: none. 168 registers hold 3 programs of 4 warps in an SM's 65536. Triton 3.6 gave
+    # the counted down 170 at one token (the partials' 168): 2 programs per SM, +4 us per layer.
+    # Capped at 168 it spills 6 words, in the epilogue.
+    down_counted_maxnreg_layout3: int = 168
+
+    def __post_init__(self):
+        if not 1 <= self.down_split <= MAX_ADDS:
+            raise ValueError(f"down_split {self.down_split}: must be 1..{MAX_ADDS}, the adds one word of "
+                             f"down's counted sums counts (counted_sum.COUNT_BITS)")
 
 
 EXPERT_WARPS = 4
@@ -89,6 +106,7 @@ class LaunchPlan:
     router_m_pad: int     # token columns of the router's tile (router_logits.m_pad_for: 8, 16 or 32)
     topk_in_gate_up: bool  # gate_up's programs take the top-k (config.topk_in_gate_up_max), not the router
     slots_by_pick: bool   # one token, top-k in gate_up: slot s is the token's pick s (config.slots_by_pick)
+    down_counted: bool    # down sums its programs' shares by counted atomics (config.down_counted_max)
 
 
 def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int = 3) -> LaunchPlan:
@@ -109,7 +127,8 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
     topk_in_gate_up = m <= config.topk_in_gate_up_max
     return LaunchPlan(m_pad, topk_rows_for(m, config.router_topk_min_rows), m <= config.gate_up_half_rows_max,
                       parts, m_pad_for(m, config.router_m_pad), topk_in_gate_up,
-                      m == 1 and topk_in_gate_up and config.slots_by_pick)
+                      m == 1 and topk_in_gate_up and config.slots_by_pick,
+                      config.down_split > 1 and m <= config.down_counted_max)
 
 
 def router_options(plan: LaunchPlan, config: MoeLaunchConfig) -> dict:
@@ -134,6 +153,10 @@ def expert_launch_kwargs(plan: LaunchPlan, config: MoeLaunchConfig, h: int, i: i
                    TOPK_ROWS=plan.topk_rows, SLOTS_BY_PICK=plan.slots_by_pick, num_stages=config.gate_up_stages)
     down = dict(common, HAS_BIAS=down_bias, C=config.down_c, SPLIT=config.down_split, K_PARTS=plan.down_k_parts,
                 num_stages=config.down_stages)
+    if plan.down_counted:
+        down["COUNTED"] = True
+        if mma == 3 and config.down_counted_maxnreg_layout3 and not interpret:  # a ptxas option
+            down["maxnreg"] = config.down_counted_maxnreg_layout3
     return gate_up, down
 
 
@@ -149,6 +172,7 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 ROUTER_COUNTER = 0      # the router kernel's arrival counter
 DOWN_COUNTERS = 1       # then one per down row block (H / 64 <= 127)
 N_COUNTERS = 128
+_SUMS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -161,6 +185,18 @@ def _counters(device: torch.device) -> torch.Tensor:
     if device not in _COUNTERS:
         _COUNTERS[device] = torch.zeros((N_COUNTERS,), dtype=torch.int32, device=device)
     return _COUNTERS[device]
+
+
+def _sums(device: torch.device, hidden: int) -> torch.Tensor:
+    """down's counted fixed-point sums (counted_sum.py), [MAX_DECODE_TOKENS, hidden] int64.
+
+    Zero between calls: each element's last add zeroes its word. Per device and hidden size,
+    allocated at the first call, as _counters.
+    """
+    key = (device, hidden)
+    if key not in _SUMS:
+        _SUMS[key] = torch.zeros((MAX_DECODE_TOKENS, hidden), dtype=torch.int64, device=device)
+    return _SUMS[key]
 
 
 _LAYOUTS: dict[torch.device, int] = {}
@@ -234,11 +270,18 @@ def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Te
         return None
     out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
     split = cfg.down_split
-    partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev) if split > 1 else out
+    # Unused buffers get stand-ins of their own dtype: a pointer's dtype is part of the compiled
+    # variant, and the AOT build declares them so (aot.variant_jobs).
+    if split == 1:
+        partial_out = out
+    elif plan.down_counted:
+        partial_out = weights  # fp32, never touched by the counted sums
+    else:
+        partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev)
     moe_down_kernel[(h // 64, split)](
         h_buf, ids, weights, experts, n_experts,
         w2, s2, b2 if b2 is not None else dummy, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
-        m, out.stride(0), **down_kw)
+        _sums(dev, h), m, out.stride(0), **down_kw)
     if return_routing:
         return out, ids, weights
     return out

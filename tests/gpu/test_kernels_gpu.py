@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+
+from gptoss_spark.kernels.counted_sum import counted_add
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -226,6 +230,52 @@ def test_pdl_layers_chained_in_a_cuda_graph():
         mid = reference.moe_block_ref(static_x, *blocks[0][1:], 4)
         ref = reference.moe_block_ref(mid, *blocks[1][1:], 4)
         assert rel_err(static_out, ref) < 1e-2
+
+
+@triton.jit
+def counted_add_kernel(values_ptr, sums_ptr, last_ptr, total_ptr, E: tl.constexpr, N: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """A grid of N programs x E / BLOCK, program (p, b) adding block b of row p of values [N, E]
+    (counted_sum.counted_add with its PTX add)."""
+    p = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    last, total = counted_add(sums_ptr + offs, tl.load(values_ptr + p * E + offs), offs < E, N, False)
+    tl.store(last_ptr + p * E + offs, last.to(tl.int8))
+    tl.store(total_ptr + p * E + offs, total)
+
+
+def test_counted_sums_on_the_gpu():
+    """down's sum across programs (counted_sum.py) with the programs' adds racing on a GPU: one last
+    add per element, the exact fixed-point sum rounded once (the same bits every run, whichever
+    program came last), NaN for NaN / infinite / out-of-range values, the words zero afterwards."""
+    n, e, block = 15, 1 << 16, 1024
+    g = torch.Generator(device="cuda").manual_seed(7)
+    values = torch.randn(n, e, device="cuda", generator=g) * torch.logspace(-3, 7, e, device="cuda")
+    values[3, 100], values[9, 200], values[0, 300] = float("nan"), float("inf"), -1e8
+    exact = (torch.trunc(values.double() * 2 ** 24).long().sum(0).float() * 2 ** -24)
+    bad = torch.zeros(e, dtype=torch.bool, device="cuda")
+    bad[[100, 200, 300]] = True
+    sums = torch.zeros(e, dtype=torch.int64, device="cuda")
+    for _ in range(5):
+        last = torch.zeros(n, e, dtype=torch.int8, device="cuda")
+        total = torch.zeros(n, e, device="cuda")
+        counted_add_kernel[(n, e // block)](values, sums, last, total, E=e, N=n, BLOCK=block)
+        torch.cuda.synchronize()
+        assert torch.equal(sums, torch.zeros_like(sums))
+        assert torch.equal(last.sum(0), torch.ones(e, dtype=torch.int64, device="cuda"))
+        got = total.gather(0, last.argmax(0, keepdim=True).long())[0]
+        assert torch.equal(got[~bad], exact[~bad])
+        assert got[bad].isnan().all()
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_moe_decode_is_the_same_bits_every_run(m):
+    """down's programs add their shares in whatever order they finish; the output must not depend on it."""
+    from gptoss_spark.kernels.moe import fused_moe_decode
+    args = kernel_args(make_block(128, m, seed=900 + m))
+    first = fused_moe_decode(*args, 4)
+    for _ in range(20):
+        assert torch.equal(fused_moe_decode(*args, 4).view(torch.int16), first.view(torch.int16))
 
 
 @pytest.mark.parametrize("experts", [128, 32], ids=["120b", "20b"])

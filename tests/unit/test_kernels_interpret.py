@@ -12,6 +12,7 @@ hence the looser tolerance than on the device.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import subprocess
@@ -220,6 +221,53 @@ def test_moe_block_dispatch(k, m):
     args = make_block(k, 8, m, True, seed=40 + m)
     out = k.ops.moe_block_any(*kernel_args(k, args), 2)
     assert rel_err(out, k.reference.moe_block_ref(*args, 2)) < INTERPRETER_TOL
+
+
+if IN_CHILD:  # decorated here, in the TRITON_INTERPRET=1 child, like the kernels themselves
+    import triton
+    import triton.language as tl
+
+    from gptoss_spark.kernels.counted_sum import counted_add
+
+    @triton.jit
+    def counted_add_kernel(values_ptr, sums_ptr, last_ptr, total_ptr, E: tl.constexpr, N: tl.constexpr):
+        """A grid of N programs, program p adding row p of values [N, E] (counted_sum.counted_add)."""
+        p = tl.program_id(0)
+        offs = tl.arange(0, E)
+        last, total = counted_add(sums_ptr + offs, tl.load(values_ptr + p * E + offs), offs < E, N, True)
+        tl.store(last_ptr + p * E + offs, last.to(tl.int8))
+        tl.store(total_ptr + p * E + offs, total)
+
+
+@child_only
+def test_counted_sums_are_the_same_bits_in_any_order():
+    """down's sum across its programs (counted_sum.py): one last add per element, the exact
+    fixed-point sum rounded once, the same bits whichever order the programs add in, NaN for a
+    value that is NaN, infinite or out of range, and the words zero again afterwards."""
+    n, e = 8, 16
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn(n, e, generator=g) * torch.logspace(-3, 7, e)  # columns of 1e-3 .. 1e7
+    values[2, 13], values[5, 14], values[1, 15] = float("nan"), float("-inf"), 1e8  # 1e8: over LIMIT
+
+    def run(order):
+        sums = torch.zeros(e, dtype=torch.int64)
+        last = torch.zeros(n, e, dtype=torch.int8)
+        total = torch.zeros(n, e)
+        counted_add_kernel[(n,)](values[order].contiguous(), sums, last, total, E=e, N=n)
+        assert torch.equal(sums, torch.zeros_like(sums))
+        assert torch.equal(last.sum(0), torch.ones(e, dtype=torch.int64))
+        return total.gather(0, last.argmax(0, keepdim=True))[0]
+
+    orders = [torch.arange(n), torch.arange(n).flip(0), torch.randperm(n, generator=g)]
+    totals = [run(o) for o in orders]
+    for t in totals[1:]:
+        assert torch.equal(t.view(torch.int32), totals[0].view(torch.int32))
+    exact = torch.trunc(values[:, :13].double() * 2 ** 24).long().sum(0).float() * 2 ** -24
+    assert torch.equal(totals[0][:13], exact)
+    assert totals[0][13:].isnan().all()
+    # fp32 adds in these orders do differ, so the orders test something
+    sequential = [functools.reduce(torch.add, values[o][:, :13].unbind(0)) for o in orders]
+    assert not all(torch.equal(s, sequential[0]) for s in sequential[1:])
 
 
 @child_only

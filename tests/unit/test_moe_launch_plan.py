@@ -78,3 +78,20 @@ def test_aot_token_counts_cover_every_plan(mma):
     plans = distinct_plans(4, mma=mma)
     assert {launch_plan(m, 4, mma=mma) for m in range(1, 33)} == set(plans)
     assert sorted(plans.values()) == counts
+
+
+@pytest.mark.parametrize("split", [0, 16])
+def test_down_split_beyond_what_a_counted_sum_counts_is_refused(split):
+    """down's shares meet in counted_sum's words, whose 4 count bits count up to 15 adds."""
+    with pytest.raises(ValueError, match=f"down_split {split}: must be 1..15"):
+        replace(DEFAULT_CONFIG, down_split=split)
+    assert replace(DEFAULT_CONFIG, down_split=15).down_split == 15
+
+
+def test_counted_sums_up_to_the_token_limit():
+    """down sums its split's shares by counted atomics at one token (config.down_counted_max), by
+    partials from two; with no split there is nothing to sum."""
+    assert [launch_plan(m, 4).down_counted for m in (1, 2, 8)] == [True, False, False]
+    assert [launch_plan(m, 4, replace(DEFAULT_CONFIG, down_counted_max=8)).down_counted for m in (8, 9)] == [True, False]
+    assert not launch_plan(1, 4, replace(DEFAULT_CONFIG, down_split=1)).down_counted
+    assert not launch_plan(1, 4, replace(DEFAULT_CONFIG, down_counted_max=0)).down_counted
