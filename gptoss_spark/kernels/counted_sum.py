@@ -22,12 +22,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-COUNT_BITS = tl.constexpr(4)
-MAX_ADDS = (1 << 4) - 1  # adds one word can count (COUNT_BITS)
+_COUNT_BITS = 4
+COUNT_BITS = tl.constexpr(_COUNT_BITS)
+MAX_ADDS = (1 << _COUNT_BITS) - 1  # adds one word can count
+COUNT_MASK = tl.constexpr(MAX_ADDS)
 FRAC_BITS = 24
 SCALE = tl.constexpr(2.0 ** FRAC_BITS)
 UNSCALE = tl.constexpr(2.0 ** -FRAC_BITS)
-COUNT_MASK = tl.constexpr((1 << 4) - 1)
 LIMIT = tl.constexpr(2.0 ** 26)  # |value| below this adds q = value * 2**FRAC_BITS < 2**50
 # q of a value that is not below LIMIT. MAX_ADDS valid values sum to less than 15 * 2**50 < 2**54;
 # one marker or more puts the sum at or above 2**55 - 14 * 2**50 > 2**54, and MAX_ADDS markers
@@ -61,7 +62,7 @@ def counted_add(sums_ptr, value, mask, N_ADDS: tl.constexpr, INTERPRET: tl.const
     elsewhere `total` is meaningless. The word is zero again after its last add.
     """
     ok = tl.abs(value) < LIMIT  # false for NaN
-    q = tl.where(ok, (tl.where(ok, value, 0.0) * SCALE).to(tl.int64), BAD)
+    q = tl.where(ok, (tl.where(ok, value, 0.0) * SCALE).to(tl.int64), BAD)  # no NaN into the int cast
     word = (q << COUNT_BITS) + 1
     before = _atomic_add_relaxed(sums_ptr, word, mask, INTERPRET)
     last = mask & ((before & COUNT_MASK) == N_ADDS - 1)
