@@ -30,86 +30,16 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss_spark.kernels import mxfp4  # noqa: E402
 from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, fused_moe_decode, launch_plan  # noqa: E402
-from gptoss_spark.kernels.mxfp4_layout import SwizzledExperts, mma_layout_for  # noqa: E402
+from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E402
 
-DEV = "cuda"
-H = I = 2880
-E, TOPK = 128, 4
-EXPERT_BYTES = (2 * I * H // 2 + 2 * I * H // 32) + (H * I // 2 + H * I // 32)  # MXFP4 blocks + scales
-BIAS_BYTES = (2 * I + H) * 2
-
-
-def median_ms(fn, rep=200):
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
-
-def graph_ms(calls, rep=200):
-    """Capture calls (a list of no-arg callables) in one CUDA graph; median replay time in ms."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    torch.cuda.synchronize()
-    t = median_ms(g.replay, rep=rep)
-    del g
-    return t
-
-
-# ---------------------------------------------------------------- roofline
-def roofline():
-    n = (4 << 30) // 4
-    a = torch.empty(n, dtype=torch.float32, device=DEV).uniform_()
-    b = torch.empty_like(a)
-    t_copy = median_ms(lambda: b.copy_(a))
-    copy_tbs = 2 * a.numel() * 4 / (t_copy * 1e-3) / 1e12
-    a = b = None  # free the 8 GiB (not del: the lambda above still names them)
-    w = torch.randn(201088, 2880, device=DEV, dtype=torch.bfloat16)
-    x = torch.randn(1, 2880, device=DEV, dtype=torch.bfloat16)
-    t_gemv = median_ms(lambda: torch.nn.functional.linear(x, w))
-    gemv_tbs = w.numel() * 2 / (t_gemv * 1e-3) / 1e12
-    w = None
-    torch.cuda.empty_cache()
-    return {"copy_fp32_4GiB_us": t_copy * 1e3, "copy_fp32_TBps": copy_tbs,
-            "cublas_gemv_lm_head_us": t_gemv * 1e3, "cublas_gemv_TBps": gemv_tbs,
-            "roofline_TBps": max(copy_tbs, gemv_tbs)}
-
-
-# ---------------------------------------------------------------- weights and routing
-class Layer:
-    def __init__(self, e=E, h=H, i=I, seed=0):
-        g = torch.Generator(device=DEV).manual_seed(seed)
-        self.w13 = torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, device=DEV, generator=g)
-        self.s13 = torch.randint(118, 125, (e, 2 * i, h // 32), dtype=torch.uint8, device=DEV, generator=g)
-        self.w2 = torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, device=DEV, generator=g)
-        self.s2 = torch.randint(118, 125, (e, h, i // 32), dtype=torch.uint8, device=DEV, generator=g)
-        self.b13 = (torch.randn(e, 2 * i, device=DEV, generator=g) * 0.1).bfloat16()
-        self.b2 = (torch.randn(e, h, device=DEV, generator=g) * 0.1).bfloat16()
-        self.rw = (torch.randn(e, h, device=DEV, generator=g) * 0.05).bfloat16()
-        self.rb = (torch.randn(e, device=DEV, generator=g) * 0.1).bfloat16()
-        # The kernels read the experts repacked once (mxfp4_layout.py); baselines and the reference read these.
-        self.sw = SwizzledExperts.from_checkpoint(self.w13, self.s13, self.b13, self.w2, self.s2, self.b2)
-
-    def args(self):
-        """Checkpoint layout (reference, baselines)."""
-        return (self.rw, self.rb, self.w13, self.s13, self.b13, self.w2, self.s2, self.b2)
-
-    def experts(self):
-        """The kernels' layout, after the router weights."""
-        return self.sw.tensors()
+# One layer's shapes, timing, roofline and random layers: the same as `gptoss-spark kernels bench`.
+from gptoss_spark.kernels.benchmark import (  # noqa: E402
+    BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, graph_ms, roofline)
 
 
 def forced_router(m, d, e=E, h=H, seed=0):

@@ -88,9 +88,9 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Triton reads its cache dir when the cache manager is first used: set it before any compile.
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
-    from .moe import MAX_DECODE_TOKENS
+    from .moe_prefill import moe_prefill_block, prefill_configs
     from .mxfp4_layout import mma_layout_for
-    from .ops import moe_block, moe_decode, router_logits
+    from .ops import DECODE_DISPATCH_TOKENS, moe_decode, router_logits
     mma = mma_layout_for("cuda")
     compiled = []
     for shape in shapes:
@@ -99,9 +99,12 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
             moe_decode(*args, shape.top_k)
             router_logits(args[0], args[1], args[2])
             compiled.append(f"{shape.name} {_plan_name(shape, m, mma)}")
-        # Prefill: one binary per kernel serves every length (its pair count is not specialized).
-        moe_block(*_dummy_inputs(shape, MAX_DECODE_TOKENS + 1, "cuda"), shape.top_k)
-        compiled.append(f"{shape.name} prefill (more than {MAX_DECODE_TOKENS} tokens)")
+        # Prefill: one binary per kernel and tile config serves every length (its pair count is not
+        # specialized); prefill_config_for picks the config by token count.
+        x, rw, rb, *experts = _dummy_inputs(shape, DECODE_DISPATCH_TOKENS + 1, "cuda")
+        for cfg in prefill_configs(mma):
+            moe_prefill_block(x, rw, rb, *experts, shape.top_k, mma=mma, config=cfg)
+            compiled.append(f"{shape.name} prefill block_m={cfg.block_m} C={cfg.gate_up_c}")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
 
@@ -210,13 +213,22 @@ def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple
 
 
 def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[str, int]]:
-    """The two prefill kernels as moe_prefill launches them, in variant_jobs' form."""
-    from .moe_prefill import DEFAULT_PREFILL, launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
+    """The two prefill kernels as moe_prefill launches them, in variant_jobs' form: for config, or else
+    for every config prefill_config_for can pick on this arch's layout."""
+    from .moe_prefill import prefill_configs
     from .mxfp4_layout import mma_layout_for_capability
     mma = mma_layout_for_capability(major)
-    gate_up_kw, down_kw = launch_kwargs(config or DEFAULT_PREFILL, shape.hidden, shape.intermediate, shape.top_k,
+    jobs = []
+    for cfg in [config] if config else prefill_configs(mma):
+        jobs += _prefill_config_jobs(shape, cfg, mma)
+    return jobs, _int_args(shape, 0)
+
+
+def _prefill_config_jobs(shape: MoeShape, config, mma: int) -> list:
+    from .moe_prefill import launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
+    gate_up_kw, down_kw = launch_kwargs(config, shape.hidden, shape.intermediate, shape.top_k,
                                         shape.has_bias, shape.has_bias, mma, 2, False)
-    jobs = [
+    return [
         (moe_prefill_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                                       "h_ptr": "*bf16", "pairs_ptr": "*i32", "block_expert_ptr": "*i32"},
          *_split_options(gate_up_kw)),
@@ -225,7 +237,6 @@ def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[s
                                    "y_ptr": "*fp32"},
          *_split_options(down_kw)),
     ]
-    return jobs, _int_args(shape, 0)
 
 
 _PREFIXES = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down",
@@ -270,8 +281,10 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     for shape in shapes:
         builds = [(_plan_name(shape, m, mma), lambda m=m, shape=shape: compile_variants(shape, m, target))
                   for m in token_counts(shape, mma)]
-        builds.append(("prefill (moe_prefill.py)",
-                       lambda shape=shape: compile_prefill_variants(shape, target)))
+        from .moe_prefill import prefill_configs
+        builds += [(f"prefill block_m={cfg.block_m} C={cfg.gate_up_c}",
+                    lambda shape=shape, cfg=cfg: compile_prefill_variants(shape, target, cfg))
+                   for cfg in prefill_configs(mma)]
         for label, build in builds:
             try:
                 kernels = build()

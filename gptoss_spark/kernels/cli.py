@@ -1,6 +1,7 @@
-"""`gptoss-spark kernels ...`: ahead-of-time build of the Triton MoE kernels.
+"""`gptoss-spark kernels ...`: ahead-of-time build of the Triton MoE kernels, and their benchmark.
 
   gptoss-spark kernels build --arch 12.1a [--cache-dir DIR] [--config FILE] [--compile-only]
+  gptoss-spark kernels bench --out DIR [--peer PATH] [--tokens 1,2,4,...] [--layers 8]
 
 Without --cache-dir the cache is the one the engine uses: TRITON_CACHE_DIR from
 Settings.cache_env() of the settings file (missing file = defaults). install.sh
@@ -29,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--compile-only", action="store_true",
                        help="only check that every variant compiles for --arch (no GPU needed, nothing cached)")
     build.set_defaults(func=run_build)
+    bench = ksub.add_parser("bench", help="time one MoE layer on this GPU: ours beside the peer, cuBLAS and the "
+                                          "roofline (docs/KERNELS.md)")
+    from .bench_args import add_bench_arguments
+    add_bench_arguments(bench)
+    bench.set_defaults(func=run_bench)
 
 
 def engine_triton_cache(config: str | None) -> Path:
@@ -49,3 +55,10 @@ def run_build(args: argparse.Namespace) -> int:
     for line in report.compiled:
         print(f"  {line}")
     return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .runtime import require_cuda
+    require_cuda("kernels bench")
+    from . import benchmark
+    return benchmark.run(args)

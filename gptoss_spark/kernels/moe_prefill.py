@@ -37,13 +37,7 @@ from .runtime import interpreting
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    """Tiles of the prefill kernels (H200 sweep, results/run28; to tune on a Spark).
-
-    On the H200 (layout 2, the mma.sync one GB10 runs), 32 pairs per block were 1.1x to 1.5x
-    faster than 64 from 33 to 1024 tokens and 9 % slower at 4096; C = 1 and C = 2 within 5 %.
-    C = 1 because GB10 then holds 3 to 4 programs per SM (sm_121a: 128 registers with Triton 3.6,
-    130 with 3.9; 18 KB of shared memory) where C = 2 holds 2 (36 KB).
-    """
+    """Tiles of the prefill kernels. prefill_config_for picks one per token count and layout."""
     block_m: int = 32   # (token, k) pairs per program: the tensor-core tile's token columns
     gate_up_c: int = 1  # 64-k blocks per loop iteration
     down_c: int = 1
@@ -51,6 +45,38 @@ class PrefillConfig:
 
 
 DEFAULT_PREFILL = PrefillConfig()
+
+# The pair block by token count, per layout: (up to this many tokens, block_m), measured on the H200
+# (benchmarks/kernels/sweep_prefill.py; docs/KERNELS.md "Prefill"). A block should hold about the pairs
+# one expert gets: fewer padding columns of MMA when experts get 1-4 pairs each (32-128 tokens), and
+# from ~16 pairs per expert a larger block reads each expert's weights fewer times. Layout 3 (wgmma)
+# has no 8-column tile: block_m 8 computes wrong sums there (measured), so its smallest block is 16.
+PREFILL_BLOCKS = {
+    2: ((128, 8), (512, 16), (1024, 32), (None, 64)),
+    3: ((256, 16), (512, 32), (None, 64)),
+}
+# Blocks of up to 16 pairs take 2 k-blocks per loop iteration (5-8 % faster on both layouts at 32-512
+# tokens); 32 and 64 keep 1, which on GB10 holds 3-4 programs per SM where 2 would hold 2 (shared memory).
+WIDE_LOOP_MAX_BLOCK_M = 16
+
+
+def prefill_config_for(tokens: int, mma: int) -> PrefillConfig:
+    """The tiles moe_prefill uses for a chunk of `tokens` tokens on layout `mma`."""
+    block_m = next(b for limit, b in PREFILL_BLOCKS[mma] if limit is None or tokens <= limit)
+    c = 2 if block_m <= WIDE_LOOP_MAX_BLOCK_M else 1
+    return PrefillConfig(block_m=block_m, gate_up_c=c, down_c=c)
+
+
+def prefill_configs(mma: int) -> list[PrefillConfig]:
+    """Every config prefill_config_for can return on layout mma (the AOT build compiles each)."""
+    return list(dict.fromkeys(prefill_config_for(limit or 1 << 20, mma) for limit, _ in PREFILL_BLOCKS[mma]))
+
+
+def check_config(config: PrefillConfig, mma: int) -> None:
+    if mma == 3 and config.block_m < 16:
+        raise ValueError(f"prefill block_m {config.block_m}: layout 3 (wgmma) needs at least 16 pairs per block")
+
+
 PREFILL_WARPS = 4  # one warpgroup: 64 weight rows per tile (mxfp4_layout.py)
 
 
@@ -154,9 +180,12 @@ def launch_kwargs(config: PrefillConfig, h: int, i: int, top_k: int, gate_up_bia
 def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                 w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                mma: int, config: PrefillConfig = DEFAULT_PREFILL) -> torch.Tensor:
-    """x [M, H] bf16 routed by ids / weights [M, K] -> [M, H] bf16; experts as mxfp4_layout.SwizzledExperts."""
+                mma: int, config: PrefillConfig | None = None) -> torch.Tensor:
+    """x [M, H] bf16 routed by ids / weights [M, K] -> [M, H] bf16; experts as mxfp4_layout.SwizzledExperts.
+    config None: prefill_config_for(M, mma)."""
     m, h = x.shape
+    config = prefill_config_for(m, mma) if config is None else config
+    check_config(config, mma)
     top_k = ids.shape[1]
     e = w13.shape[0]
     i = w13.shape[1] * 32
@@ -182,7 +211,7 @@ def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 def moe_prefill_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
                       w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                       w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                      top_k: int, mma: int, config: PrefillConfig = DEFAULT_PREFILL) -> torch.Tensor:
+                      top_k: int, mma: int, config: PrefillConfig | None = None) -> torch.Tensor:
     """The whole MoE block for a prefill chunk: routing in torch, then moe_prefill.
 
     The routing is the reference's (fp32 logits from the bf16 inputs, as the decode

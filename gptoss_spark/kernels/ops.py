@@ -4,8 +4,9 @@
   torch.ops.gptoss_spark.router_logits(x, router_w, router_b) -> [M, E] fp32   (one launch, M<=32)
   torch.ops.gptoss_spark.moe_block(...same as moe_decode...) -> [M, H] bf16      (any M)
 
-moe_block is what the vLLM plugin calls: up to 32 tokens (decode batches) the
-decode kernels, more (prefill chunks) the prefill kernels (moe_prefill.py).
+moe_block is what the vLLM plugin calls: up to DECODE_DISPATCH_TOKENS (16) tokens the
+decode kernels, more the prefill kernels (moe_prefill.py), which from 17 tokens are
+faster (measured on the H200 in both layouts, docs/KERNELS.md "Prefill").
 The token-count dispatch happens inside the op, so torch.compile never traces
 a branch on the batch size.
 
@@ -16,11 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from .moe import MAX_DECODE_TOKENS, fused_moe_decode, layout_version
+from .moe import fused_moe_decode, layout_version
 from .moe_prefill import moe_prefill_block
 from .router_logits import router_logits_partial
 
 LIB = "gptoss_spark"
+# Past this many tokens the prefill kernels beat the decode kernels (which take up to 32):
+# H200, layout 3: 16 tokens 255 vs 343 us per layer, 20 tokens 443 vs 389; layout 2: 269 vs 311, then
+# 528 vs 350 (benchmarks/kernels/sweep_prefill.py).
+DECODE_DISPATCH_TOKENS = 16
 
 
 @torch.library.custom_op(f"{LIB}::moe_decode", mutates_args=(), device_types="cuda")
@@ -46,10 +51,10 @@ def _router_logits_fake(x, router_w, router_b):
 
 
 def moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
-    """Any number of tokens: decode batches (<= 32) through the decode kernels, prefill chunks through
-    the prefill kernels, which read each expert once per block of its (token, k) pairs
-    (PrefillConfig.block_m) rather than once per 32 tokens (docs/KERNELS.md, "Prefill")."""
-    if x.shape[0] <= MAX_DECODE_TOKENS:
+    """Any number of tokens: up to DECODE_DISPATCH_TOKENS the decode kernels, more the prefill kernels,
+    which read each expert once per block of its (token, k) pairs (moe_prefill.prefill_config_for)
+    rather than run every token against every routed expert (docs/KERNELS.md, "Prefill")."""
+    if x.shape[0] <= DECODE_DISPATCH_TOKENS:
         return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
     return moe_prefill_block(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k,
                              mma=layout_version(x.device))

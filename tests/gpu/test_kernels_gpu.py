@@ -148,7 +148,9 @@ def test_aot_build_leaves_nothing_to_compile(tmp_path):
             for m in (1, 2, 3, 7, 16, 17, 32):
                 a = aot._dummy_inputs(shape, m, "cuda")
                 moe_decode(*a, shape.top_k); router_logits(a[0], a[1], a[2])
-            for m in (37, 500):  # prefill chunks: pair counts 148 and 2000 (one a multiple of 16, one not)
+            # prefill chunks: every pair block prefill_config_for picks on either layout; pair counts
+            # multiples of 16 and not
+            for m in (17, 37, 300, 500, 600, 1500):
                 moe_block(*aot._dummy_inputs(shape, m, "cuda"), shape.top_k)
         torch.cuda.synchronize()
     """)
@@ -279,9 +281,10 @@ def test_moe_decode_is_the_same_bits_every_run(m):
 
 
 @pytest.mark.parametrize("experts", [128, 32], ids=["120b", "20b"])
-@pytest.mark.parametrize("m", [33, 300])
+@pytest.mark.parametrize("m", [17, 33, 300, 600, 1500])
 def test_prefill_matches_reference(experts, m):
-    """More than 32 tokens: the op takes the prefill kernels (moe_prefill.py, tokens grouped by expert)."""
+    """More than 16 tokens: the op takes the prefill kernels (moe_prefill.py, tokens grouped by expert),
+    at token counts that get each pair block (prefill_config_for) on either layout."""
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
     args = make_block(experts, m, seed=700 + m + experts)
@@ -290,7 +293,7 @@ def test_prefill_matches_reference(experts, m):
 
 
 def test_prefill_in_a_cuda_graph():
-    """vLLM captures batches past 32 tokens too: the prefill path (torch routing, align_pairs, two
+    """vLLM captures batches past 16 tokens too: the prefill path (torch routing, align_pairs, two
     kernels, the sum) holds no host sync, so a captured graph replays right on new inputs."""
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
