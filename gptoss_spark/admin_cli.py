@@ -68,15 +68,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # ---- talking to the service -------------------------------------------------------------------
 
-def admin_url(settings: Settings) -> str:
-    host = settings.admin.host
+def local_url(host: str, port: int) -> str:
+    """http URL for a listener from this host: a wildcard bind is reached on loopback."""
     if host in ("", "0.0.0.0"):
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{settings.admin.port}"
+    return f"http://{host}:{port}"
+
+
+def admin_url(settings: Settings) -> str:
+    return local_url(settings.admin.host, settings.admin.port)
 
 
 def read_token_for_cli(settings: Settings) -> str:
@@ -189,6 +193,31 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return follow(client, body, args, settings)
 
 
+def switch_limit(settings: Settings) -> float:
+    """How long a switch or restart may take: drain, stop, and a full load, with a minute to spare."""
+    t = settings.timeouts
+    return t.drain + t.shutdown_grace + t.load + 60
+
+
+def wait_operation(client: Client, op: dict, limit: float, on_state=None) -> dict:
+    """Poll the operation until it ends; on_state(state) hears each new service state on the way."""
+    deadline = time.monotonic() + limit
+    last_state = None
+    while op.get("status") in ("pending", "running"):
+        if time.monotonic() > deadline:
+            raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
+                           "follow it with `gptoss-spark status`")
+        time.sleep(POLL_SECONDS)
+        if on_state is not None:
+            r = client.request("GET", "/admin/health")
+            state = r.json().get("state") if r.headers.get("content-type", "").startswith("application/json") else None
+            if state and state != last_state:
+                on_state(state)
+                last_state = state
+        _, op = client.json("GET", op["poll"])
+    return op
+
+
 def follow(client: Client, op: dict, args: argparse.Namespace, settings: Settings) -> int:
     """Poll the operation until it ends, showing the states it goes through."""
     if args.no_wait:
@@ -197,23 +226,9 @@ def follow(client: Client, op: dict, args: argparse.Namespace, settings: Setting
         else:
             print(f"accepted; follow it with: gptoss-spark status  (or GET {op['poll']})")
         return 0
-    t = settings.timeouts
-    limit = args.timeout if args.timeout is not None else t.drain + t.shutdown_grace + t.load + 60
-    deadline = time.monotonic() + limit
+    limit = args.timeout if args.timeout is not None else switch_limit(settings)
     started = time.monotonic()
-    last_state = None
-    while op.get("status") in ("pending", "running"):
-        if time.monotonic() > deadline:
-            raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
-                           "follow it with `gptoss-spark status`")
-        time.sleep(POLL_SECONDS)
-        if not args.json:
-            r = client.request("GET", "/admin/health")
-            state = r.json().get("state") if r.headers.get("content-type", "").startswith("application/json") else None
-            if state and state != last_state:
-                print(f"  {state}")
-                last_state = state
-        _, op = client.json("GET", op["poll"])
+    op = wait_operation(client, op, limit, on_state=None if args.json else (lambda state: print(f"  {state}")))
     took = time.monotonic() - started
     if args.json:
         _print_json(op)

@@ -8,6 +8,15 @@
     [requires]
     paths = ["{eagle3_dir}/config.json"]  # must exist before any start
 
+A profile may extend another (`extends = "plain"`): it then starts from that
+profile's args, env, memory_gib and required paths. Its own args replace the
+base's option of the same flag (in the base's place) or are added after them,
+`engine.remove_args` drops base options by flag, its env is merged over the
+base's, its paths are added. Each fact is then written once (fast = plain +
+our kernels). The base is looked up by name among all loaded profiles, so a
+base overridden in a later directory is the one extended. Bases may extend
+further; unknown bases and cycles are errors.
+
 Placeholders {model_dir}, {eagle3_dir} and {served_name} are filled from the
 settings in args, env values and required paths: a profile names each fact once.
 Any other {lowercase_word} is an error (a typo); JSON braces are left alone.
@@ -25,6 +34,8 @@ from .config import Settings, read_toml, validation_to_config_error
 from .errors import ConfigError, RequirementError
 
 PROFILE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+# A token that starts an option (--flag, --flag=value, -x); "-1" is a value.
+_OPTION_RE = re.compile(r"^--?[A-Za-z]")
 PLACEHOLDERS = ("model_dir", "eagle3_dir", "served_name")
 _PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
@@ -41,6 +52,15 @@ class _ProfileEngine(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     args: list[str] = []
     env: dict[str, str] = {}
+    remove_args: list[str] = []
+
+    @field_validator("remove_args")
+    @classmethod
+    def _flags_only(cls, flags: list[str]) -> list[str]:
+        for f in flags:
+            if not _OPTION_RE.match(f) or "=" in f:
+                raise ValueError(f"{f!r} is not a flag; list flags only, like \"--moe-backend\" (its value goes too)")
+        return flags
 
     @field_validator("args")
     @classmethod
@@ -69,8 +89,9 @@ class _ProfileRequires(BaseModel):
 
 class _ProfileFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    extends: str | None = Field(None, pattern=PROFILE_NAME_RE.pattern)
     description: str = Field(..., min_length=1, max_length=200)
-    memory_gib: float = Field(0.0, ge=0)
+    memory_gib: float | None = Field(None, ge=0)  # None: the base's, or 0 without a base
     engine: _ProfileEngine = _ProfileEngine()
     requires: _ProfileRequires = _ProfileRequires()
 
@@ -84,6 +105,7 @@ class Profile:
     args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     required_paths: tuple[str, ...] = ()
+    extends: str | None = None  # the base profile's name, for information (already applied)
 
     def _fill(self, text: str, settings: Settings, key: str) -> str:
         values = {"model_dir": str(settings.model.dir), "eagle3_dir": str(settings.model.eagle3_dir),
@@ -119,30 +141,129 @@ class Profile:
                     "put the file there or fix the path in the settings/profile")
 
 
-def load_profile_file(path: Path) -> Profile:
+@dataclass(frozen=True)
+class _ProfileSource:
+    """One profile file as written, before its base is applied."""
+
+    name: str
+    path: Path
+    spec: _ProfileFile
+
+
+def _read_profile_file(path: Path) -> _ProfileSource:
     name = path.stem
     if not PROFILE_NAME_RE.match(name):
         raise ConfigError(path, None, f"profile name {name!r} is not allowed",
                           "rename the file to lowercase letters, digits, '-' or '_' (at most 32), ending in .toml")
     data = read_toml(path, "profile file")
     try:
-        pf = _ProfileFile.model_validate(data)
+        spec = _ProfileFile.model_validate(data)
     except ValidationError as e:
         raise validation_to_config_error(path, e) from None
-    return Profile(name=name, source=path, description=pf.description, memory_gib=pf.memory_gib,
+    if spec.engine.remove_args and spec.extends is None:
+        raise ConfigError(path, "engine.remove_args", "only a profile that extends another can remove arguments",
+                          "set extends = \"<base profile>\" or remove engine.remove_args")
+    return _ProfileSource(name, path, spec)
+
+
+def _own_profile(src: _ProfileSource) -> Profile:
+    pf = src.spec
+    return Profile(name=src.name, source=src.path, description=pf.description, memory_gib=pf.memory_gib or 0.0,
                    args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths))
+
+
+def load_profile_file(path: Path) -> Profile:
+    """One profile file on its own; a profile that extends another needs load_profiles()."""
+    src = _read_profile_file(path)
+    if src.spec.extends is not None:
+        raise ConfigError(path, "extends", f"extends {src.spec.extends!r}, which is not loaded here",
+                          "load it together with its base (load_profiles, from the profile directories)")
+    return _own_profile(src)
 
 
 def load_profiles(settings: Settings) -> dict[str, Profile]:
     """All profiles from settings.paths.profile_dirs, later directories overriding earlier ones."""
-    profiles: dict[str, Profile] = {}
+    sources: dict[str, _ProfileSource] = {}
     for d in settings.paths.profile_dirs:
         if not d.is_dir():
             continue
         for path in sorted(d.glob("*.toml")):
-            p = load_profile_file(path)
-            profiles[p.name] = p
-    return profiles
+            src = _read_profile_file(path)
+            sources[src.name] = src
+    resolved: dict[str, Profile] = {}
+    for name in sources:
+        _resolve(name, sources, resolved, ())
+    return {name: resolved[name] for name in sources}
+
+
+def _resolve(name: str, sources: dict[str, _ProfileSource], resolved: dict[str, Profile],
+             chain: tuple[str, ...]) -> Profile:
+    if name in resolved:
+        return resolved[name]
+    src = sources[name]
+    base_name = src.spec.extends
+    if base_name is None:
+        profile = _own_profile(src)
+    else:
+        if base_name in chain or base_name == name:
+            cycle = " -> ".join((*chain, name, base_name)[list((*chain, name)).index(base_name):])
+            raise ConfigError(src.path, "extends", f"profiles extend each other in a cycle ({cycle})",
+                              "remove extends from one of them")
+        if base_name not in sources:
+            known = ", ".join(sorted(n for n in sources if n != name)) or "none"
+            raise ConfigError(src.path, "extends", f"unknown base profile {base_name!r} (known: {known})",
+                              f"name a loaded profile or add {base_name}.toml to a profile directory")
+        profile = _extend(src, _resolve(base_name, sources, resolved, (*chain, name)))
+    resolved[name] = profile
+    return profile
+
+
+def _options(args: tuple[str, ...] | list[str]) -> list[list[str]]:
+    """Split an argument list into options: a flag and the values up to the next flag."""
+    groups: list[list[str]] = []
+    for a in args:
+        if _OPTION_RE.match(a) or not groups:
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    return groups
+
+
+def _flag(option: list[str]) -> str | None:
+    head = option[0]
+    return head.split("=", 1)[0] if _OPTION_RE.match(head) else None
+
+
+def _extend(src: _ProfileSource, base: Profile) -> Profile:
+    pf = src.spec
+    base_opts = _options(base.args)
+    base_flags = {_flag(o) for o in base_opts}
+    own_opts = _options(pf.engine.args)
+    own_flags = {_flag(o) for o in own_opts} - {None}
+    for f in pf.engine.remove_args:
+        if f not in base_flags:
+            raise ConfigError(src.path, "engine.remove_args", f"{f} is not in the args of {base.name} ({base.source})",
+                              "remove it from engine.remove_args or check its spelling")
+        if f in own_flags:
+            raise ConfigError(src.path, "engine.remove_args", f"{f} is both removed and set in engine.args",
+                              "keep one of the two")
+    args: list[str] = []
+    placed: set[str] = set()
+    for opt in base_opts:
+        f = _flag(opt)
+        if f in pf.engine.remove_args:
+            continue
+        if f in own_flags:  # replaced in the base's place, by every option of that flag the profile sets
+            if f not in placed:
+                args += [a for o in own_opts if _flag(o) == f for a in o]
+                placed.add(f)
+            continue
+        args += opt
+    args += [a for o in own_opts if _flag(o) not in placed for a in o]
+    paths = tuple(dict.fromkeys((*base.required_paths, *pf.requires.paths)))
+    return Profile(name=src.name, source=src.path, description=pf.description,
+                   memory_gib=base.memory_gib if pf.memory_gib is None else pf.memory_gib,
+                   args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths, extends=base.name)
 
 
 def get_profile(profiles: dict[str, Profile], name: str, settings: Settings) -> Profile:

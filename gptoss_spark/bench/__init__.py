@@ -10,7 +10,9 @@ service's venv or from a thin client venv.
     snapshot  host facts recorded with every result
     single    `bench`: the seed's single-stream protocol
     load      `loadtest`: N concurrent users
+    run       one run from the command-line options (shared by bench, loadtest, ab)
     compare   `bench compare A.json B.json`
+    ab        `bench ab P1 P2 ...`: switch the service to each profile, run both, switch back
     render    human tables and the TTY progress line
     seed      the seed project's published Spark figures (the seed's, not ours)
     commands  CLI registration

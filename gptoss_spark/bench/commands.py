@@ -1,27 +1,32 @@
-"""CLI: `gptoss-spark bench [compare A B]` and `gptoss-spark loadtest`.
+"""CLI: `gptoss-spark bench [compare A B | ab P1 P2 ...]` and `gptoss-spark loadtest`.
 
-Exit codes: 0 every measured request valid; 1 some request invalid (the
-result still prints, with each reason); 2 bad input; 3 endpoint unreachable.
+Exit codes: 0 every measured request valid (ab: and every profile measured,
+the service switched back); 1 some request invalid or a profile not measured
+(the result still prints, with each reason); 2 bad input; 3 endpoint
+unreachable; 69 admin API not answering, 77 admin token unreadable (ab);
+130 interrupted (ab: after switching back).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import UserError
+from . import run
 from .compare import compare, load_result
-from .load import loadtest_result, run_load
-from .prompts import load_prompts, shipped_prompts_path
-from .render import Progress, render_bench, render_compare, render_loadtest
-from .request import ENDPOINTS, RequestSpec
-from .single import bench_result, run_single_stream
-from .snapshot import DEFAULT_ADMIN_URL, host_snapshot
+from .prompts import shipped_prompts_path
+from .render import render_ab, render_bench, render_compare, render_loadtest
+from .request import ENDPOINTS
+from .snapshot import DEFAULT_ADMIN_URL
 from .target import DEFAULT_BASE_URL, resolve_target
+
+BENCH_USAGE = """gptoss-spark bench [options]                      single stream (the seed's protocol)
+       gptoss-spark bench compare A.json B.json [--json]  two results side by side
+       gptoss-spark bench ab PROFILE PROFILE [PROFILE ...] [options]  profiles of the running service"""
 
 
 def _int_at_least(minimum: int):
@@ -36,8 +41,13 @@ def _int_at_least(minimum: int):
     return parse
 
 
-def _add_common(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
+def _add_common(p: argparse.ArgumentParser, max_tokens: int, *, from_settings: bool = False) -> None:
+    if from_settings:  # bench ab: the service's own addresses come from its settings file
+        p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or "
+                                        "/etc/gptoss-spark/gptoss-spark.toml): admin API, token, engine port")
+        p.add_argument("--url", help="OpenAI-compatible endpoint (default: the engine's address in the settings)")
+    else:
+        p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
     p.add_argument("--model", help="served model name (default: gptoss, or the only model served)")
     p.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="chat",
                    help="chat = the seed protocol; completions = raw decode, no chat template (default chat)")
@@ -51,25 +61,43 @@ def _add_common(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--warmup", type=_int_at_least(0), default=1, help="unmeasured requests first (default 1)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds to wait for the next chunk before a request counts as failed (default 300)")
-    p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="admin API, for the active profile in the snapshot")
+    if not from_settings:
+        p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="admin API, for the active profile in the snapshot")
     p.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     p.add_argument("--out", type=Path, help="also write the JSON result to this file (input for `bench compare`)")
     p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="single-stream benchmark (the seed's protocol)",
+    bench = sub.add_parser("bench", help="single-stream benchmark (the seed's protocol); compare results; A/B profiles",
+                           usage=BENCH_USAGE,
                            description="Streamed requests one at a time after warm-up; decode rate and TTFT. "
-                                       "`bench compare A.json B.json` puts two results side by side.")
+                                       "`bench compare A.json B.json` puts two results side by side; "
+                                       "`bench ab plain fast` measures profiles of the running service in turn.")
     _add_common(bench, max_tokens=512)
     bench.add_argument("--requests", type=_int_at_least(1), default=4, help="measured requests (default 4, as the seed)")
     bench.set_defaults(func=cmd_bench)
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="compare", required=False)
-    cmp = bench_sub.add_parser("compare", help="two results side by side, with B/A ratios")
+    bench_sub = bench.add_subparsers(dest="bench_command", title="subcommands (optional)", metavar="{compare,ab}",
+                                     required=False)
+    cmp = bench_sub.add_parser("compare", prog="gptoss-spark bench compare", help="two results side by side, with B/A ratios")
     cmp.add_argument("a", type=Path, help="result A (baseline)")
     cmp.add_argument("b", type=Path, help="result B")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cmp.set_defaults(func=cmd_compare)
+
+    ab = bench_sub.add_parser(
+        "ab", prog="gptoss-spark bench ab", usage="%(prog)s PROFILE PROFILE [PROFILE ...] [options]",
+        help="switch the running service to each profile, bench + loadtest each, switch back",
+        description="Switches the service to each profile in turn through the admin API (needs the admin token: "
+                    "root or the gptoss-spark group), runs the single-stream bench and the N-user load test on each, "
+                    "switches back to the profile active at the start (also after a failure and on Ctrl-C) and "
+                    "prints them side by side with one recommendation. The first profile is the baseline.")
+    ab.add_argument("profiles", nargs="*", metavar="PROFILE", help="two or more profiles; the first is the baseline")
+    _add_common(ab, max_tokens=512, from_settings=True)
+    ab.add_argument("--requests", type=_int_at_least(1), default=4, help="single-stream measured requests (default 4)")
+    ab.add_argument("--users", type=_int_at_least(1), default=30, help="concurrent users of the load test (default 30)")
+    ab.add_argument("--requests-per-user", type=_int_at_least(1), default=1, help="(default 1)")
+    ab.set_defaults(func=cmd_ab)
 
     load = sub.add_parser("loadtest", help="N concurrent users: aggregate tok/s, TTFT p50/p90",
                           description="All users start together; each sends its requests back to back.")
@@ -79,68 +107,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.set_defaults(func=cmd_loadtest)
 
 
-def _prepare(args):
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be positive, got {args.timeout}")
-    prompts = load_prompts(args.prompts)
-    if args.prompt_ids:
-        known = {p.id for p in prompts}
-        missing = [i for i in args.prompt_ids if i not in known]
-        if missing:
-            raise UserError(f"unknown prompt id(s) {missing}; ids in the file: {sorted(known)}")
-        prompts = [p for p in prompts if p.id in set(args.prompt_ids)]
-    target = resolve_target(args.url, args.model)
-    if target.max_model_len and args.max_tokens >= target.max_model_len:
-        raise UserError(f"--max-tokens {args.max_tokens} does not fit the served max_model_len {target.max_model_len}; lower it")
-    spec = RequestSpec(
-        endpoint=args.endpoint,
-        model=target.model,
-        max_tokens=args.max_tokens,
-        reasoning_effort=None if args.reasoning_effort == "none" else args.reasoning_effort,
-        ignore_eos=args.ignore_eos,
-    )
-    source = str(args.prompts) if args.prompts else f"shipped:{shipped_prompts_path().name}"
-    if args.prompt_ids:
-        source += " [" + ",".join(args.prompt_ids) + "]"
-    return prompts, target, spec, source
+def _write_out(result: dict, path: Path | None) -> None:
+    if path:
+        try:
+            path.write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as e:
+            raise UserError(f"cannot write {path}: {e.strerror}; pass --out with a writable path") from None
 
 
 def _emit(result: dict, args, human: str) -> None:
-    if args.out:
-        try:
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
-        except OSError as e:
-            raise UserError(f"cannot write {args.out}: {e.strerror}; pass --out with a writable path") from None
+    _write_out(result, args.out)
     print(json.dumps(result, indent=2) if args.json else human, end="\n" if args.json else "")
 
 
 def cmd_bench(args) -> int:
-    prompts, target, spec, source = _prepare(args)
-    started = datetime.now(timezone.utc)
-    progress = Progress(enabled=False if args.no_progress else None)
-    try:
-        warm, measured, wall = asyncio.run(
-            run_single_stream(target, spec, prompts, args.requests, args.warmup, args.timeout, progress))
-    finally:
-        progress.close()
-    host = host_snapshot(args.admin_url, target.server_version)
-    result = bench_result(target, spec, source, args.requests, args.warmup, warm, measured, wall, host, started)
+    prompts, source = run.prompts_for(args)
+    result = run.single_stream(args, prompts, source, resolve_target(args.url, args.model))
     _emit(result, args, render_bench(result))
     return 0 if result["summary"]["invalid_requests"] == 0 else 1
 
 
 def cmd_loadtest(args) -> int:
-    prompts, target, spec, source = _prepare(args)
-    started = datetime.now(timezone.utc)
-    progress = Progress(enabled=False if args.no_progress else None)
-    try:
-        warm, measured, start, end = asyncio.run(
-            run_load(target, spec, prompts, args.users, args.requests_per_user, args.warmup, args.timeout, progress))
-    finally:
-        progress.close()
-    host = host_snapshot(args.admin_url, target.server_version)
-    result = loadtest_result(target, spec, source, args.users, args.requests_per_user, args.warmup,
-                             warm, measured, start, end, host, started)
+    prompts, source = run.prompts_for(args)
+    result = run.load(args, prompts, source, resolve_target(args.url, args.model))
     _emit(result, args, render_loadtest(result))
     return 0 if result["summary"]["invalid_requests"] == 0 else 1
 
@@ -153,3 +142,52 @@ def cmd_compare(args) -> int:
     else:
         sys.stdout.write(render_compare(cmp, str(args.a), str(args.b)))
     return 0
+
+
+def _say(text: str) -> None:
+    print(f"bench ab: {text}", file=sys.stderr, flush=True)
+
+
+def cmd_ab(args) -> int:
+    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, switch_limit
+    from ..config import load_settings, resolve_config_path
+    from .ab import Service, ab_result, check_profile_names, run_ab, served_profile_problem
+
+    names = args.profiles
+    check_profile_names(names)  # count and repeats, before anything else
+    settings = load_settings(resolve_config_path(args.config), must_exist=False)
+    args.admin_url = admin_url(settings)
+    url = args.url or local_url(settings.engine.host, settings.engine.port)
+    prompts, source = run.prompts_for(args)
+    listing = Client(settings).json("GET", "/admin/profile")[1]
+    check_profile_names(names, [p["name"] for p in listing.get("profiles") or []])
+    original, state = listing.get("active"), listing.get("state")
+    if state != "ready" or not original:
+        raise UserError(f"the service is not ready (state {state}, profile {original or '-'}); "
+                        "wait for it or fix it first (`gptoss-spark status`), then run bench ab again")
+    service = Service(Client(settings, read_token_for_cli(settings)), switch_limit(settings), _say)
+
+    def measure(name: str, result: dict) -> None:
+        target = resolve_target(url, args.model)
+        _say(f"{name}: single stream, {args.warmup} warm-up + {args.requests} requests")
+        result["single"] = run.single_stream(args, prompts, source, target)
+        _say(f"{name}: {args.users} users")
+        result["load"] = run.load(args, prompts, source, target)
+        result["error"] = served_profile_problem(name, result)
+
+    started = datetime.now(timezone.utc)
+    _say(f"active profile {original}; measuring {', '.join(names)} (baseline {names[0]})")
+    outcome = run_ab(names, original, service.switch, measure, _say)
+    settings_used = {"url": url, "model": args.model, "endpoint": args.endpoint, "max_tokens": args.max_tokens,
+                     "reasoning_effort": None if args.reasoning_effort == "none" else args.reasoning_effort,
+                     "ignore_eos": args.ignore_eos, "prompts": source, "warmup": args.warmup,
+                     "requests": args.requests, "users": args.users, "requests_per_user": args.requests_per_user,
+                     "timeout": args.timeout}
+    result = ab_result(names, original, outcome, settings_used, started)
+    _emit(result, args, render_ab(result))
+    if result["interrupted"]:
+        return 130
+    complete = all(r["switch"] and r["switch"]["ok"] and r["error"] is None and r["single"] and r["load"]
+                   and r["single"]["summary"]["invalid_requests"] == 0 and r["load"]["summary"]["invalid_requests"] == 0
+                   for r in result["runs"].values())
+    return 0 if complete and result["restored"]["ok"] else 1

@@ -46,7 +46,8 @@ def load_result(path: str | Path) -> dict:
     return data
 
 
-def _dig(obj: dict, path: tuple[str, ...]):
+def dig(obj: dict, path: tuple[str, ...]):
+    """The value at path in a result, or None where the path ends early."""
     for key in path:
         if not isinstance(obj, dict):
             return None
@@ -59,7 +60,7 @@ def compare(a: dict, b: dict) -> dict:
         raise UserError(f"cannot compare a {a['kind']} result with a {b['kind']} result; compare two of the same kind")
     rows = []
     for label, path, higher_better in METRICS[a["kind"]]:
-        va, vb = _dig(a, path), _dig(b, path)
+        va, vb = dig(a, path), dig(b, path)
         ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
         rows.append({"metric": label, "a": va, "b": vb, "ratio_b_over_a": ratio, "higher_is_better": higher_better})
     pa, pb = a.get("protocol", {}), b.get("protocol", {})

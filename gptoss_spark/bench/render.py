@@ -147,3 +147,65 @@ def _fmt_num(v, fmt: str) -> str:
 def _host(h: dict) -> str:
     spark = "DGX Spark" if h.get("is_dgx_spark") else "not a Spark"
     return f"{h.get('hostname')}, {spark}, profile {h.get('active_profile') or 'unknown'}, {h.get('started_at')}"
+
+
+def render_ab(result: dict) -> str:
+    """`bench ab`: every profile's headline numbers side by side, ratios to the baseline, one recommendation."""
+    names, base, runs = result["profiles"], result["baseline"], result["runs"]
+    s = result["settings"]
+    first = next((runs[n][k] for n in result["measuring_order"] for k in ("single", "load") if runs[n][k]), None)
+    lines = [f"gptoss-spark bench ab  {s['url']}  baseline {base}, measured in order {', '.join(result['measuring_order'])}",
+             f"single stream: {s['warmup']} warm-up + {s['requests']} requests; {s['users']} users x "
+             f"{s['requests_per_user']} request(s); {s['endpoint']}, max_tokens {s['max_tokens']}"]
+    if first:
+        h = first["host"]
+        where = "DGX Spark" if h.get("is_dgx_spark") else "NOT a DGX Spark: these numbers say nothing about a Spark"
+        lines.append(f"host {h.get('hostname')} ({h.get('machine')})  [{where}]")
+    lines.append("")
+    others = names[1:]
+    headers = ["metric", *names, *(f"{n}/{base}" for n in others)]
+    rows = []
+    for r in result["comparison"]:
+        fmt = ".3f" if "TTFT" in r["metric"] or "makespan" in r["metric"] else ".1f"
+        prefix = "single: " if r["run"] == "single" else f"{s['users']} users: "
+        rows.append([prefix + r["metric"], *(_fmt_num(r["values"][n], fmt) for n in names),
+                     *(_f(r["ratio_to_baseline"][n], ".2f") + ("x" if r["ratio_to_baseline"][n] is not None else "")
+                       for n in others)])
+    rows.append(["switch", *(_switch_cell(runs[n]["switch"]) for n in names), *("" for _ in others)])
+    lines += _table(headers, rows, right=set(range(1, len(headers))))
+    problems = []
+    for n in names:
+        run = runs[n]
+        sw = run["switch"]
+        if sw is None:
+            problems.append(f"{n}: not reached (interrupted)")
+        elif not sw["ok"]:
+            rolled = f" (rolled back to {sw['rolled_back_to']})" if sw.get("rolled_back_to") else ""
+            problems.append(f"{n}: switch FAILED{rolled}: {sw['error']}")
+        elif run["error"]:
+            problems.append(f"{n}: {run['error']}")
+        for kind in ("single", "load"):
+            for bad in (run[kind] or {}).get("invalid", []):
+                problems.append(f"{n}: {kind} request #{bad['index'] + 1} invalid: {bad['reason']}")
+    if problems:
+        lines += ["", *problems]
+    restored = result["restored"]
+    lines.append("")
+    if restored["ok"]:
+        lines.append(f"service back on {restored['profile']}" + ("" if restored["noop"] else
+                                                                  f" (switched back in {restored['seconds']:.0f} s)"))
+    else:
+        lines.append(f"NOT switched back to {restored['profile']}: {restored['error']}; "
+                     f"run `sudo gptoss-spark profile {restored['profile']}`")
+    if result["interrupted"]:
+        lines.append("interrupted: the profiles not reached were not measured")
+    lines.append(f"recommendation: {result['recommendation']['text']}")
+    return "\n".join(lines) + "\n"
+
+
+def _switch_cell(sw: dict | None) -> str:
+    if sw is None:
+        return "-"
+    if not sw["ok"]:
+        return "FAILED"
+    return "active" if sw["noop"] else f"ok {sw['seconds']:.0f} s"

@@ -20,12 +20,12 @@ pytest.importorskip("vllm")
 
 from gptoss_spark.config import load_settings  # noqa: E402
 from gptoss_spark.engine import build_argv  # noqa: E402
-from gptoss_spark.profiles import load_profile_file  # noqa: E402
+from gptoss_spark.profiles import load_profiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = "vllm.entrypoints.openai.api_server"
 PROFILE_FILES = sorted(REPO.glob("etc/profiles*/*.toml"))
-SPARK_PROFILES = {"plain", "spec"}
+SPARK_PROFILES = {"plain", "spec", "fast"}
 
 
 def gpt_oss_120b_config() -> dict:
@@ -72,6 +72,12 @@ def settings_for(model_dir: Path, eagle_dir: Path):
     return s.model_copy(update={"model": s.model.model_copy(update={"dir": model_dir, "eagle3_dir": eagle_dir})})
 
 
+def shipped_profile(path: Path):
+    """The profile in `path` as the service loads it: with its directory, so `extends` resolves."""
+    s = load_settings(REPO / "etc" / "gptoss-spark.toml")
+    return load_profiles(s.model_copy(update={"paths": s.paths.model_copy(update={"profile_dirs": [path.parent]})}))[path.stem]
+
+
 def vllm_args(argv: list[str]) -> list[str]:
     assert ENTRY in argv, f"engine argv does not run {ENTRY}: {argv}"
     i = argv.index(ENTRY)
@@ -109,7 +115,7 @@ def configs(checkpoints, request):
                 model, eagle = checkpoints
             else:  # CPU demo profiles serve the tiny generated model
                 model, eagle = request.getfixturevalue("demo_model_dir"), checkpoints[1]
-            args = vllm_args(build_argv(settings_for(model, eagle), load_profile_file(path)))
+            args = vllm_args(build_argv(settings_for(model, eagle), shipped_profile(path)))
             cache[path.stem] = (args, engine_config(args))
         return cache[path.stem]
 
@@ -127,7 +133,7 @@ def test_profile_argv_is_accepted_by_vllm(path, configs):
     assert args.count("--model") == 1  # the service sets it; a profile may not
 
 
-@pytest.mark.parametrize("name", sorted(SPARK_PROFILES))
+@pytest.mark.parametrize("name", ["plain", "spec"])
 def test_spark_profiles_resolve_the_upstream_options_they_rely_on(name, configs):
     from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Static, kMxfp8Dynamic
 
@@ -145,6 +151,35 @@ def test_spark_profiles_resolve_the_upstream_options_they_rely_on(name, configs)
         assert sc.draft_model_config.architectures == ["LlamaForCausalLMEagle3"]
     else:
         assert vc.speculative_config is None
+
+
+@pytest.mark.parametrize("name", ["plain", "fast"])
+def test_the_moe_method_is_the_checkpoints_one_the_plugin_patches(name, configs):
+    """GPTOSS_SPARK_MOE=triton patches GptOssMxfp4MoEMethod, which GptOssMxfp4Config builds for the
+    experts unless an online MoE weight quantization replaces it: neither plain's activation-only
+    override nor fast's linear-only config names a MoE weight, so both keep it."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+
+    _, vc = configs(REPO / "etc" / "profiles" / f"{name}.toml")
+    mc = vc.model_config
+    assert get_quantization_config(mc.quantization) is GptOssMxfp4Config
+    online = OnlineQuantizationConfig(mc.quantization_config)
+    assert online.resolve_quant_method_cls(RoutedExperts, "model.layers.0.mlp.experts") is None
+    assert online.resolve_quant_method_cls(LinearBase, "model.layers.0.attn.qkv_proj") is not None  # dense: MXFP4
+
+
+def test_fast_names_no_vllm_moe_kernel(configs):
+    """fast leaves vLLM's MoE kernel choice alone: with the plugin no vLLM MoE kernel is built or run."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Static
+
+    _, vc = configs(REPO / "etc" / "profiles" / "fast.toml")
+    qc = vc.model_config.quantization_config
+    assert qc.moe is None and qc.linear.weight == kMxfp4Static
+    assert vc.kernel_config.moe_backend == "auto" and vc.kernel_config.linear_backend == "marlin"
 
 
 def test_a_typo_in_a_flag_is_caught(configs):
@@ -193,7 +228,7 @@ def test_draft_quantization_is_an_upstream_option(configs):
 
 @pytest.mark.parametrize("name", sorted(SPARK_PROFILES))
 def test_spark_profiles_enable_the_mxfp4_lm_head_and_drafter(name, configs):
-    profile = load_profile_file(REPO / "etc" / "profiles" / f"{name}.toml")
+    profile = shipped_profile(REPO / "etc" / "profiles" / f"{name}.toml")
     assert profile.env.get("GPTOSS_SPARK_MXFP4_LM_HEAD") == "1"
     if name == "spec":
         from vllm.model_executor.models.utils import get_draft_quant_config

@@ -1,0 +1,244 @@
+"""`gptoss-spark bench ab PROFILE PROFILE [PROFILE...]`: one benchmark on each profile of the running service.
+
+For each profile: switch the service to it through the admin API (as
+`gptoss-spark profile NAME` does), then measure a single stream (as `bench`)
+and N users (as `loadtest`) with the same code and settings. At the end, and
+also after a failed switch or run and on Ctrl-C, switch back to the profile
+that was active at the start. The profile active at the start is measured
+first when it is listed (one engine start fewer).
+
+The first profile named is the baseline; the recommendation follows RULE.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from ..admin_cli import POLL_SECONDS, ApiError, Client, wait_operation
+from ..errors import UserError
+from .compare import METRICS, compare, dig
+from .load import RESULT_KIND_LOADTEST
+from .single import RESULT_KIND_BENCH, RESULT_SCHEMA
+
+RESULT_KIND_AB = "gptoss-spark.bench-ab"
+# A profile is recommended over the baseline when it is at least NOISE faster
+# on one of the two headline numbers and not more than NOISE slower on the other.
+NOISE = 0.03
+SINGLE_METRIC = ("summary", "decode_tok_s", "median")
+LOAD_METRIC = ("summary", "aggregate_tok_s")
+RULE = (f"baseline = the first profile; headline numbers: single-stream decode tok/s (median) and N-user aggregate "
+        f"tok/s; a profile wins when one is at least {NOISE:.0%} higher and the other at most {NOISE:.0%} lower "
+        f"than the baseline's, all its requests valid (of several winners, the largest product of the two ratios); "
+        f"anything closer counts as noise")
+SETTLED_STATES = ("ready", "failed", "stopped")
+
+Say = Callable[[str], None]
+
+
+def check_profile_names(names: list[str], known: list[str] | None = None) -> None:
+    """Two or more distinct names, all known to the service (when `known` is given)."""
+    if len(names) < 2:
+        raise UserError(f"bench ab compares two profiles or more, got {len(names)}; "
+                        f"name them, e.g. `gptoss-spark bench ab plain fast`")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(f"profile(s) {', '.join(repeated)} named twice; name each profile once")
+    unknown = [n for n in names if known is not None and n not in known]
+    if unknown:
+        raise UserError(f"unknown profile(s) {', '.join(unknown)} (the service has: {', '.join(sorted(known)) or 'none'}); "
+                        "pick from those (`gptoss-spark profile` lists them) or add the file to a profile directory")
+
+
+def measuring_order(names: list[str], original: str) -> list[str]:
+    """The active profile first, if listed: it needs no switch."""
+    return ([original] if original in names else []) + [n for n in names if n != original]
+
+
+# ---- the service ------------------------------------------------------------------------------
+
+class Service:
+    """The admin API, as a switcher: settle, switch, report. Every failure is a UserError."""
+
+    def __init__(self, client: Client, limit: float, say: Say):
+        self.client, self.limit, self.say = client, limit, say
+
+    def profiles(self) -> dict:
+        return self.client.json("GET", "/admin/profile")[1]
+
+    def settle(self) -> dict:
+        """Wait until no operation runs and the state is final (a rollback may be restarting an engine)."""
+        deadline = time.monotonic() + self.limit
+        while True:
+            body = self.profiles()
+            op = body.get("operation") or {}
+            if op.get("status") not in ("pending", "running") and body.get("state") in SETTLED_STATES:
+                return body
+            if time.monotonic() > deadline:
+                raise ApiError(f"the service did not settle within {self.limit:g} s (state {body.get('state')}); "
+                               "check `gptoss-spark status`")
+            time.sleep(POLL_SECONDS)
+
+    def switch(self, name: str) -> dict:
+        """Switch to name and wait until it serves. Returns {ok, seconds, error, rolled_back_to, operation}."""
+        started = time.monotonic()
+        outcome: dict = {"ok": False, "noop": False, "seconds": None, "error": None, "rolled_back_to": None,
+                         "operation": None}
+        try:
+            self.settle()
+            status, body = self.client.json("PUT", "/admin/profile", ok=(200, 202), json={"name": name})
+            if status == 200:
+                outcome.update(ok=True, noop=True)
+            else:
+                self.say(f"switching {body.get('from') or '-'} -> {name} (operation {body['id']})")
+                op = wait_operation(self.client, body, self.limit)
+                outcome.update(ok=op["status"] == "succeeded", error=op.get("error"),
+                               rolled_back_to=op.get("rolled_back_to"), operation=op)
+        except UserError as e:
+            outcome["error"] = str(e)
+        outcome["seconds"] = time.monotonic() - started
+        return outcome
+
+
+# ---- the comparison ---------------------------------------------------------------------------
+
+def run_ab(names: list[str], original: str, switch: Callable[[str], dict], measure: Callable[[str, dict], None],
+           say: Say) -> dict:
+    """Measure each profile; always switch back to `original`. Returns the runs, the restore and interruption.
+
+    measure(name, run) fills run["single"], run["load"] (and run["error"]) as each part ends, so a
+    failure in the second part keeps the first.
+    """
+    runs: dict[str, dict] = {n: {"switch": None, "single": None, "load": None, "error": None} for n in names}
+    interrupted = False
+    try:
+        for name in measuring_order(names, original):
+            run = runs[name]
+            run["switch"] = switch(name)
+            if not run["switch"]["ok"]:
+                say(f"{name}: switch FAILED: {run['switch']['error']}")
+                continue
+            try:
+                measure(name, run)
+            except UserError as e:
+                run["error"] = str(e)
+                say(f"{name}: run FAILED: {e}")
+    except KeyboardInterrupt:
+        interrupted = True
+        say(f"interrupted: switching back to {original} (Ctrl-C again leaves the service where it is)")
+    finally:
+        try:
+            restored = switch(original)
+        except KeyboardInterrupt:
+            print(f"gptoss-spark: not switched back to {original}; run `sudo gptoss-spark profile {original}`",
+                  file=sys.stderr)
+            raise
+    return {"runs": runs, "restored": {"profile": original, **restored}, "interrupted": interrupted}
+
+
+def served_profile_problem(name: str, results: dict) -> str | None:
+    """A run is only this profile's if the admin API named it while the run's host snapshot was taken."""
+    for kind in ("single", "load"):
+        served = ((results[kind] or {}).get("host") or {}).get("active_profile", {}).get("active")
+        if served != name:
+            return f"the service served {served or 'an unknown profile'} during the {kind} run, not {name}"
+    return None
+
+
+def _measured(run: dict) -> bool:
+    return run["single"] is not None and run["load"] is not None and run["error"] is None
+
+
+def _all_valid(run: dict) -> bool:
+    return all(run[k]["summary"]["invalid_requests"] == 0 for k in ("single", "load"))
+
+
+def ratios(base: dict, other: dict) -> tuple[float | None, float | None]:
+    def ratio(path):
+        a, b = dig(base, path), dig(other, path)
+        return b / a if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else None
+    return ratio(("single", *SINGLE_METRIC)), ratio(("load", *LOAD_METRIC))
+
+
+def recommend(names: list[str], runs: dict[str, dict], original: str, users: int) -> dict:
+    """RULE applied to the runs: {profile, switch, text}; profile None when there is no baseline to go by."""
+    base = names[0]
+    if not _measured(runs[base]) or not _all_valid(runs[base]):
+        why = "was not measured" if not _measured(runs[base]) else "had invalid requests"
+        return {"profile": None, "switch": False,
+                "text": f"no recommendation: the baseline {base} {why}; fix that and run again"}
+    winners, reasons = [], []
+    for name in names[1:]:
+        run = runs[name]
+        if not _measured(run):
+            reasons.append(f"{name} was not measured")
+            continue
+        if not _all_valid(run):
+            reasons.append(f"{name} had invalid requests")
+            continue
+        single, load = ratios(runs[base], run)
+        if single is None or load is None:
+            reasons.append(f"{name} has no rate to compare")
+            continue
+        said = f"{name} is {single:.2f}x {base} single-stream and {load:.2f}x at {users} users"
+        if max(single, load) >= 1 + NOISE and min(single, load) >= 1 - NOISE:
+            winners.append((single * load, name, said))
+        elif min(single, load) < 1 - NOISE:
+            reasons.append(f"{said} (slower by more than {NOISE:.0%})")
+        else:
+            reasons.append(f"{said} (within {NOISE:.0%}: noise)")
+    if winners:
+        _, best, said = max(winners)
+        return {"profile": best, "switch": best != original, "text": f"{said}: {_action(best, original)}"}
+    lead = f"keep {base}" if base == original else f"use {base}"
+    text = f"{lead}: " + "; ".join(reasons)
+    if base != original:
+        text += f"; {_action(base, original)}"
+    return {"profile": base, "switch": base != original, "text": text}
+
+
+def _action(name: str, original: str) -> str:
+    return "it is the active profile, keep it" if name == original else f"switch with `sudo gptoss-spark profile {name}`"
+
+
+def comparison_rows(names: list[str], runs: dict[str, dict]) -> list[dict]:
+    """Every headline metric of both runs, per profile, and each profile's ratio to the baseline."""
+    rows = []
+    base = runs[names[0]]
+    for kind, result_kind in (("single", RESULT_KIND_BENCH), ("load", RESULT_KIND_LOADTEST)):
+        for label, path, higher_better in METRICS[result_kind]:
+            values = {n: dig(runs[n][kind], path) if runs[n][kind] else None for n in names}
+            ratio = {}
+            for n in names[1:]:
+                if base[kind] and runs[n][kind]:
+                    ratio[n] = next(r["ratio_b_over_a"] for r in compare(base[kind], runs[n][kind])["rows"]
+                                    if r["metric"] == label)
+                else:
+                    ratio[n] = None
+            rows.append({"run": kind, "metric": label, "values": values, "ratio_to_baseline": ratio,
+                         "higher_is_better": higher_better})
+    return rows
+
+
+def ab_result(names: list[str], original: str, outcome: dict, settings: dict, started: datetime) -> dict:
+    runs = outcome["runs"]
+    return {
+        "kind": RESULT_KIND_AB,
+        "schema": RESULT_SCHEMA,
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profiles": names,
+        "baseline": names[0],
+        "original_profile": original,
+        "measuring_order": measuring_order(names, original),
+        "settings": settings,
+        "rule": {"text": RULE, "noise": NOISE, "single_metric": ".".join(SINGLE_METRIC),
+                 "load_metric": ".".join(LOAD_METRIC)},
+        "comparison": comparison_rows(names, runs),
+        "recommendation": recommend(names, runs, original, settings["users"]),
+        "runs": runs,
+        "restored": outcome["restored"],
+        "interrupted": outcome["interrupted"],
+    }

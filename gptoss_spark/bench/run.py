@@ -1,0 +1,81 @@
+"""One measured run from the command-line options: shared by `bench`, `loadtest` and `bench ab`.
+
+    prompts_for(args)           the prompts (--prompts, --prompt) and how the result names them
+    request_spec(args, target)  the request settings, checked against what the server serves
+    single_stream / load        run it, snapshot the host, build the result dict
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+
+from ..errors import UserError
+from .load import loadtest_result, run_load
+from .prompts import Prompt, load_prompts, shipped_prompts_path
+from .render import Progress
+from .request import RequestSpec
+from .single import bench_result, run_single_stream
+from .snapshot import host_snapshot
+from .target import Target
+
+
+def prompts_for(args) -> tuple[list[Prompt], str]:
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    prompts = load_prompts(args.prompts)
+    if args.prompt_ids:
+        known = {p.id for p in prompts}
+        missing = [i for i in args.prompt_ids if i not in known]
+        if missing:
+            raise UserError(f"unknown prompt id(s) {missing}; ids in the file: {sorted(known)}")
+        prompts = [p for p in prompts if p.id in set(args.prompt_ids)]
+    source = str(args.prompts) if args.prompts else f"shipped:{shipped_prompts_path().name}"
+    if args.prompt_ids:
+        source += " [" + ",".join(args.prompt_ids) + "]"
+    return prompts, source
+
+
+def request_spec(args, target: Target) -> RequestSpec:
+    if target.max_model_len and args.max_tokens >= target.max_model_len:
+        raise UserError(f"--max-tokens {args.max_tokens} does not fit the served max_model_len {target.max_model_len}; lower it")
+    return RequestSpec(
+        endpoint=args.endpoint,
+        model=target.model,
+        max_tokens=args.max_tokens,
+        reasoning_effort=None if args.reasoning_effort == "none" else args.reasoning_effort,
+        ignore_eos=args.ignore_eos,
+    )
+
+
+def _progress(args) -> Progress:
+    return Progress(enabled=False if args.no_progress else None)
+
+
+def single_stream(args, prompts: list[Prompt], source: str, target: Target) -> dict:
+    """`bench`: --warmup, then --requests one at a time."""
+    spec = request_spec(args, target)
+    started = datetime.now(timezone.utc)
+    progress = _progress(args)
+    try:
+        warm, measured, wall = asyncio.run(
+            run_single_stream(target, spec, prompts, args.requests, args.warmup, args.timeout, progress))
+    finally:
+        progress.close()
+    host = host_snapshot(args.admin_url, target.server_version)
+    return bench_result(target, spec, source, args.requests, args.warmup, warm, measured, wall, host, started)
+
+
+def load(args, prompts: list[Prompt], source: str, target: Target) -> dict:
+    """`loadtest`: --users at once, --requests-per-user each."""
+    spec = request_spec(args, target)
+    started = datetime.now(timezone.utc)
+    progress = _progress(args)
+    try:
+        warm, measured, start, end = asyncio.run(
+            run_load(target, spec, prompts, args.users, args.requests_per_user, args.warmup, args.timeout, progress))
+    finally:
+        progress.close()
+    host = host_snapshot(args.admin_url, target.server_version)
+    return loadtest_result(target, spec, source, args.users, args.requests_per_user, args.warmup,
+                           warm, measured, start, end, host, started)

@@ -1,0 +1,118 @@
+"""`gptoss-spark bench ab` end to end: a real service (`serve`, admin API, vLLM engine on the tiny model).
+
+One `bench ab demo demo-b needs-head` run for the module, through the CLI as a
+user runs it. Three engine starts in all: the service's (demo), the switch to
+demo-b, the switch back to demo. demo is active, so it is measured first
+without a switch; needs-head's requirement is missing, so the service refuses
+that switch (422 unmet) while it is on demo-b: the comparison goes on, and the
+switch back starts from demo-b, not from the original profile.
+
+Random weights: measured on /v1/completions with ignore_eos (one chunk per
+token). Speeds are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers.admin_service import DEMO_ARGS, START_TIMEOUT, cmdline, profile_toml, running_service
+
+pytestmark = pytest.mark.integration
+
+NAMES = ["demo", "demo-b", "needs-head"]
+USERS = 2
+
+
+@pytest.fixture(scope="module")
+def ab(demo_model_dir):
+    b_args = [a if a != "4" else "2" for a in DEMO_ARGS]  # --max-num-seqs 2: a harmless engine difference
+    with running_service(demo_model_dir, {
+        "demo": profile_toml("tiny demo, 4 slots", DEMO_ARGS),
+        "demo-b": profile_toml("tiny demo, 2 slots", b_args),
+        "needs-head": profile_toml("needs a file that is not there", DEMO_ARGS, ["{model_dir}/no-such-head/config.json"]),
+    }) as svc:
+        out = svc.tmp / "ab.json"
+        started = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "gptoss_spark.cli", "bench", "ab", *NAMES,
+                            "--config", str(svc.config), "--endpoint", "completions", "--ignore-eos",
+                            "--max-tokens", "16", "--requests", "2", "--warmup", "1", "--users", str(USERS),
+                            "--no-progress", "--out", str(out)],
+                           capture_output=True, text=True, timeout=3 * START_TIMEOUT)
+        took = time.monotonic() - started
+        print(f"\n[tiny CPU model, not a Spark] bench ab took {took:.0f} s (rc {r.returncode})\n"
+              f"--- stdout\n{r.stdout}--- stderr\n{r.stderr}")
+        assert out.exists(), r.stdout + r.stderr + svc.tail()
+        yield svc, r, json.loads(out.read_text())
+
+
+def test_both_profiles_measured_side_by_side(ab):
+    _, r, res = ab
+    assert res["kind"] == "gptoss-spark.bench-ab" and res["profiles"] == NAMES and res["baseline"] == "demo"
+    assert res["measuring_order"] == NAMES  # demo was active: first, without a switch
+    for name in ("demo", "demo-b"):
+        run = res["runs"][name]
+        assert run["switch"]["ok"] and run["error"] is None, run
+        single, load = run["single"]["summary"], run["load"]["summary"]
+        assert (single["valid_requests"], single["invalid_requests"]) == (2, 0)
+        assert (load["valid_requests"], load["invalid_requests"]) == (USERS, 0)
+        assert single["decode_tok_s"]["median"] > 0 and load["aggregate_tok_s"] > 0
+        assert load["completion_tokens_total"] == USERS * 16
+        # The admin API named this profile while each run's host snapshot was taken.
+        assert run["single"]["host"]["active_profile"]["active"] == name
+        assert run["load"]["host"]["active_profile"]["active"] == name
+    assert res["runs"]["demo"]["switch"]["noop"] and not res["runs"]["demo-b"]["switch"]["noop"]
+    rows = {(row["run"], row["metric"]): row for row in res["comparison"]}
+    decode = rows[("single", "decode tok/s (median)")]
+    assert decode["values"]["demo"] == res["runs"]["demo"]["single"]["summary"]["decode_tok_s"]["median"]
+    assert decode["ratio_to_baseline"]["demo-b"] == pytest.approx(decode["values"]["demo-b"] / decode["values"]["demo"])
+    lines = r.stdout.splitlines()
+    assert any(line.split() == ["metric", "demo", "demo-b", "needs-head", "demo-b/demo", "needs-head/demo"]
+               for line in lines), r.stdout
+    assert any(line.startswith("single: decode tok/s (median)") for line in lines)
+    assert any(line.startswith(f"{USERS} users: aggregate tok/s") for line in lines)
+
+
+def test_one_recommendation_line_that_follows_the_rule(ab):
+    _, r, res = ab
+    rec = [line for line in r.stdout.splitlines() if line.startswith("recommendation: ")]
+    assert len(rec) == 1, r.stdout
+    s = res["runs"]["demo-b"]["single"]["summary"]["decode_tok_s"]["median"] / \
+        res["runs"]["demo"]["single"]["summary"]["decode_tok_s"]["median"]
+    lo = res["runs"]["demo-b"]["load"]["summary"]["aggregate_tok_s"] / res["runs"]["demo"]["load"]["summary"]["aggregate_tok_s"]
+    stated = f"demo-b is {s:.2f}x demo single-stream and {lo:.2f}x at {USERS} users"
+    if max(s, lo) >= 1.03 and min(s, lo) >= 0.97:
+        assert rec[0] == f"recommendation: {stated}: switch with `sudo gptoss-spark profile demo-b`"
+    else:
+        assert rec[0].startswith(f"recommendation: keep demo: {stated} (")
+        assert "needs-head was not measured" in rec[0]
+    assert rec[0] == "recommendation: " + res["recommendation"]["text"]
+
+
+def test_a_refused_switch_is_reported_and_the_others_still_measured(ab):
+    _, r, res = ab
+    failed = res["runs"]["needs-head"]
+    assert not failed["switch"]["ok"] and failed["single"] is None and failed["load"] is None
+    assert "required path" in failed["switch"]["error"] and "no-such-head/config.json" in failed["switch"]["error"]
+    assert any(line.startswith("needs-head: switch FAILED: ") and "no-such-head" in line for line in r.stdout.splitlines())
+    assert r.returncode == 1  # not every profile was measured
+
+
+def test_the_original_profile_serves_again(ab):
+    svc, r, res = ab
+    restored = res["restored"]
+    assert restored["profile"] == "demo" and restored["ok"] and not restored["noop"]
+    assert f"service back on demo (switched back in {restored['seconds']:.0f} s)" in r.stdout
+    assert svc.admin.get("/admin/health").json() == {"status": "ok", "state": "ready", "profile": "demo"}
+    status = svc.admin.get("/admin/status").json()
+    argv = cmdline(status["engine_pid"])
+    assert argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert json.loads(svc.state_file.read_text()) == {"active_profile": "demo", "last_good_profile": "demo"}
+    # Two switches ok (to demo-b, back to demo), the refused one never became an operation.
+    metrics = svc.admin.get("/metrics").text
+    assert 'gptoss_spark_profile_switches_total{outcome="ok"} 2.0' in metrics
+    assert 'gptoss_spark_profile_switches_total{outcome="failed"} 0.0' in metrics
