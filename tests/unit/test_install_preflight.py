@@ -1,4 +1,4 @@
-"""Preflight with fake hosts: a Spark, other GPUs, no driver, full disk, bad Python."""
+"""Preflight with fake hosts: a Spark, other GPUs, no or old driver, no CUDA toolkit, full disk, bad Python."""
 
 from __future__ import annotations
 
@@ -11,9 +11,18 @@ import pytest
 from gptoss_spark.install import layout as L
 from gptoss_spark.install.layout import Layout
 from gptoss_spark.install.preflight import Probes, parse_gpus, run_preflight
+from gptoss_spark.install.toolkit import REQUIRED_HEADERS, REQUIRED_LIBS, parse_nvcc_release
 
 GIB = 1024 ** 3
 SPARK_SMI = "NVIDIA GB10, 12.1, 580.95.05\n"
+NVCC_13 = ("nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88\n"
+           "Build cuda_13.0.r13.0/compiler.36424714_0\n")
+
+
+def nvcc_raises(exc):
+    def run(path):
+        raise exc
+    return run
 
 
 def probes(**kw) -> Probes:
@@ -26,6 +35,9 @@ def probes(**kw) -> Probes:
         python_facts=lambda py: ((3, 12, 3), True),
         free_bytes=lambda p: (500 * GIB, 1),
         mode_of=lambda p: stat.S_IFDIR | 0o755,
+        env=lambda name: None,
+        nvcc_version=lambda path: (0, NVCC_13),
+        is_file=lambda p: True,
     )
     base.update(kw)
     return Probes(**base)
@@ -62,6 +74,16 @@ def test_missing_checkpoint_warns_but_passes(tmp_path):
     (dict(python_facts=lambda py: ((3, 12, 3), False)), L.EXIT_PYTHON),
     (dict(python_facts=lambda py: None), L.EXIT_PYTHON),
     (dict(free_bytes=lambda p: (5 * GIB, 1)), L.EXIT_DISK),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, 575.57.08\n")), L.EXIT_DRIVER),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, [N/A]\n")), L.EXIT_DRIVER),
+    (dict(nvcc_version=nvcc_raises(FileNotFoundError("nvcc"))), L.EXIT_TOOLKIT),
+    (dict(nvcc_version=nvcc_raises(subprocess.TimeoutExpired("nvcc", 60))), L.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (1, "nvcc fatal: something")), L.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (0, "Cuda compilation tools, release 12.8, V12.8.93\n")), L.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (0, "Cuda compilation tools, release 14.0, V14.0.1\n")), L.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (0, "no version here\n")), L.EXIT_TOOLKIT),
+    (dict(is_file=lambda p: not str(p).endswith("cublasLt.h")), L.EXIT_TOOLKIT),
+    (dict(which=lambda n: None if n == "g++" else f"/usr/bin/{n}"), L.EXIT_TOOLKIT),
 ])
 def test_each_failure_has_its_own_exit_code_and_one_line(tmp_path, kw, code):
     r = pf(tmp_path, **kw)
@@ -88,8 +110,8 @@ def test_first_failure_decides(tmp_path):
 
 
 def test_override_accepts_other_gpu_with_a_warning(tmp_path):
-    r = pf(tmp_path, allow=True, machine=lambda: "x86_64", nvidia_smi=lambda: (0, "NVIDIA H200, 9.0, 570.1\n"))
-    assert r.exit_code == 0
+    r = pf(tmp_path, allow=True, machine=lambda: "x86_64", nvidia_smi=lambda: (0, "NVIDIA H200, 9.0, 580.82.07\n"))
+    assert r.exit_code == 0, r.render()
     assert any(c.warning and "H200" in c.message for c in r.checks)
 
 
@@ -145,3 +167,87 @@ def test_checkpoint_found(tmp_path):
 def test_parse_gpus():
     assert parse_gpus(SPARK_SMI) == [("NVIDIA GB10", "12.1", "580.95.05")]
     assert parse_gpus("") == []
+
+
+def test_spark_checks_driver_toolkit_and_compiler(tmp_path):
+    r = pf(tmp_path)
+    names = [c.name for c in r.checks]
+    assert {"driver", "cuda toolkit", "compiler"} <= set(names), r.render()
+    assert "nvcc 13.0" in r.render()
+
+
+@pytest.mark.parametrize("missing", [*REQUIRED_HEADERS, *REQUIRED_LIBS])
+def test_each_missing_toolkit_file_is_named_with_the_package_to_install(tmp_path, missing):
+    r = pf(tmp_path, is_file=lambda p: not str(p).endswith("/" + missing))
+    assert r.exit_code == L.EXIT_TOOLKIT
+    msg = next(c.message for c in r.checks if not c.ok)
+    assert missing in msg and "apt install cuda-toolkit-13-0" in msg and "\n" not in msg
+
+
+def test_old_driver_names_the_minimum(tmp_path):
+    r = pf(tmp_path, nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, 570.124.06\n"))
+    msg = next(c.message for c in r.checks if not c.ok)
+    assert "570.124.06" in msg and ">= 580" in msg
+
+
+@pytest.mark.parametrize("env, which, expected", [
+    ({"CUDA_HOME": "/opt/cuda-13.0", "CUDA_PATH": "/elsewhere"}, "/usr/local/cuda-13.0/bin/nvcc",
+     "/opt/cuda-13.0/bin/nvcc"),
+    ({"CUDA_PATH": "/opt/cuda"}, "/usr/local/cuda-13.0/bin/nvcc", "/opt/cuda/bin/nvcc"),
+    ({}, "/usr/local/cuda-13.0/bin/nvcc", "/usr/local/cuda-13.0/bin/nvcc"),
+    ({}, None, "/usr/local/cuda/bin/nvcc"),
+])
+def test_toolkit_is_looked_for_where_flashinfer_looks(tmp_path, env, which, expected):
+    """FlashInfer 0.7.0.post1's get_cuda_path: CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda."""
+    seen = []
+
+    def nvcc_version(path):
+        seen.append(str(path))
+        return 0, NVCC_13
+    r = pf(tmp_path, env=env.get, nvcc_version=nvcc_version,
+           which=lambda n: which if n == "nvcc" else f"/usr/bin/{n}")
+    assert seen == [expected]
+    assert r.exit_code == 0, r.render()
+
+
+def test_toolkit_missing_names_where_it_looked(tmp_path):
+    r = pf(tmp_path, which=lambda n: None if n == "nvcc" else f"/usr/bin/{n}",
+           nvcc_version=nvcc_raises(FileNotFoundError("nvcc")))
+    msg = next(c.message for c in r.checks if not c.ok)
+    assert "/usr/local/cuda/bin/nvcc" in msg and "cuda-toolkit-13-0" in msg and "CUDA_HOME" in msg
+
+
+def test_wrong_arch_skips_the_toolkit(tmp_path):
+    r = pf(tmp_path, machine=lambda: "x86_64", nvcc_version=nvcc_raises(AssertionError("must not run nvcc")))
+    assert r.exit_code == L.EXIT_WRONG_ARCH
+    assert "cuda toolkit" not in [c.name for c in r.checks]
+
+
+def test_unsupported_gpu_override_still_checks_driver_and_toolkit(tmp_path):
+    r = pf(tmp_path, allow=True, machine=lambda: "x86_64", nvidia_smi=lambda: (0, "NVIDIA H200, 9.0, 570.1\n"))
+    assert r.exit_code == L.EXIT_DRIVER
+    assert "cuda toolkit" in [c.name for c in r.checks]
+
+
+def test_cpu_mode_checks_no_toolkit(tmp_path):
+    r = pf(tmp_path, cpu=True, nvcc_version=nvcc_raises(AssertionError("must not run nvcc")),
+           which=lambda n: None if n == "g++" else f"/usr/bin/{n}")
+    assert r.exit_code == 0
+    assert not {"driver", "cuda toolkit", "compiler"} & {c.name for c in r.checks}
+
+
+def test_cpu_rerun_says_the_demo_model_is_present(tmp_path):
+    layout = Layout(root=tmp_path)
+    first = next(c for c in pf(tmp_path, cpu=True).checks if c.name == "checkpoint")
+    assert "will be generated" in first.message
+    layout.demo_model_dir.mkdir(parents=True)
+    (layout.demo_model_dir / "config.json").write_text("{}")
+    again = next(c for c in pf(tmp_path, cpu=True).checks if c.name == "checkpoint")
+    assert "present at /var/lib/gptoss-spark/demo-model" in again.message
+    assert "generated" not in again.message
+
+
+def test_parse_nvcc_release():
+    assert parse_nvcc_release(NVCC_13) == (13, 0)
+    assert parse_nvcc_release("release 13.1, V13.1.80") == (13, 1)
+    assert parse_nvcc_release("") is None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.install import placement, uninstall, venvs
+from gptoss_spark.install import locks, placement, uninstall, venvs
 from gptoss_spark.install import layout as L
 from gptoss_spark.install.layout import InstallError, Layout
 
@@ -119,6 +119,56 @@ def test_build_runs_the_steps_and_marks_complete(lay, src):
     run2 = FakeRunner()
     assert venvs.build_venv(p, run=run2, log=lambda s: None) is False
     assert run2.calls == []
+
+
+def locked_plan(lay, src, name="cpu-cp311-x86_64") -> venvs.BuildPlan:
+    t = locks.TARGETS[name]
+    (src / t.path).parent.mkdir(exist_ok=True)
+    (src / t.path).write_text("six==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    p = plan(lay, src, t.mode)
+    return venvs.BuildPlan(layout=p.layout, source=p.source, venv_id=p.venv_id, mode=p.mode, python=p.python,
+                           lock=t)
+
+
+def test_locked_build_installs_the_lock_as_is_then_the_package(lay, src):
+    run = FakeRunner()
+    p = locked_plan(lay, src)
+    venvs.build_venv(p, run=run, log=lambda s: None)
+    joined = [" ".join(c) for c in run.calls]
+    installs = [c for c in joined if " -m pip install " in c]
+    assert installs[0].endswith(f"--no-deps --require-hashes -r {p.staged / 'locks' / 'cpu-cp311-x86_64.txt'}")
+    assert installs[1].endswith(f"--no-deps {p.staged}")  # the package alone, nothing resolved
+    assert len(installs) == 2
+    check = [c for c in joined if "gptoss_spark.install.depcheck" in c]
+    assert check == [f"{p.venv}/bin/python -m gptoss_spark.install.depcheck --absent=torchvision "
+                     "--absent=torchaudio --absent=torchcodec"]
+    assert not any("pip uninstall" in c for c in joined)  # the lock never installs them
+    assert venvs.is_complete(p.venv)
+
+
+def test_locked_spark_build_has_nothing_absent(lay, src):
+    run = FakeRunner(has=("patches", "kernels"))
+    venvs.build_venv(locked_plan(lay, src, "spark-cp312-aarch64"), run=run, log=lambda s: None)
+    joined = [" ".join(c) for c in run.calls]
+    assert any(c.endswith("-m gptoss_spark.install.depcheck") for c in joined)
+    assert any("kernels build" in c for c in joined)
+
+
+@pytest.mark.parametrize("fail_on", ["--require-hashes", "--no-deps /", "depcheck"])
+def test_failed_locked_step_removes_the_new_venv(lay, src, fail_on):
+    p = locked_plan(lay, src)
+    with pytest.raises(InstallError) as e:
+        venvs.build_venv(p, run=FakeRunner(fail_on=fail_on), log=lambda s: None)
+    assert e.value.exit_code == L.EXIT_VENV and "\n" not in str(e.value)
+    assert not p.venv.exists()
+
+
+def test_a_changed_lock_is_a_new_venv(src):
+    (src / "locks").mkdir()
+    (src / "locks" / "cpu-cp311-x86_64.txt").write_text("six==1.16.0\n")
+    a = venvs.venv_id(src, mode="cpu", python_version="3.11.2")
+    (src / "locks" / "cpu-cp311-x86_64.txt").write_text("six==1.17.0\n")
+    assert venvs.venv_id(src, mode="cpu", python_version="3.11.2") != a
 
 
 def test_spark_build_compiles_kernels_when_available(lay, src):
