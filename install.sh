@@ -136,6 +136,7 @@ run systemctl enable --quiet "$SERVICE"
 
 status "Switching to $VENV_ID"
 SWITCHED="$(step switch "$VENV_ID" "${DRY[@]}")"
+step link "${DRY[@]}"   # /usr/local/bin/gptoss-spark -> current/bin/gptoss-spark
 
 if [ "$DRY_RUN" = 1 ]; then
     status "Dry run done: nothing was changed."

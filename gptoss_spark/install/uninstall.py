@@ -1,4 +1,4 @@
-"""What --uninstall removes: the unit and the code. The admin's config and the
+"""What --uninstall removes: the unit, the code and our link on PATH. The admin's config and the
 service's state (caches, demo model, last-good profile) stay unless --purge.
 Stopping the unit and deleting the user are install.sh's (systemctl, userdel)."""
 
@@ -8,11 +8,14 @@ import shutil
 from pathlib import Path
 
 from .layout import Layout
+from .placement import cli_link_is_ours
 
 
 def uninstall_plan(layout: Layout, *, purge: bool) -> tuple[list[Path], list[Path]]:
     """(remove, keep): existing paths only."""
     remove = [layout.unit_file, layout.unit_file.with_name(layout.unit_file.name + ".old"), layout.opt_dir]
+    if cli_link_is_ours(layout):
+        remove.append(layout.cli_link)  # someone else's file there is left alone
     keep = [layout.dropin_dir, layout.etc_dir, layout.state_dir]
     if purge:
         remove += keep
