@@ -435,3 +435,24 @@ def test_summary_names_the_command(lay, src):
     out = run_cli(lay, "summary").stdout
     assert "/usr/local/bin/gptoss-spark -> /opt/gptoss-spark/current/bin/gptoss-spark" in out
     assert "gptoss-spark status" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_uninstall_hands_kept_files_to_root_before_the_user_goes(lay, src):
+    installed(lay, src)
+    svc = 64999  # a uid/gid that stands for the service user and group about to be deleted
+    for top in (lay.etc_dir, lay.state_dir):
+        for p in [top, *top.rglob("*")]:
+            os.chown(p, svc if top == lay.state_dir else 0, svc)
+    os.chmod(lay.token_file, 0o640)
+    before = snapshot(lay.root)
+    lines = uninstall.uninstall(lay, purge=False, dry_run=True)
+    assert snapshot(lay.root) == before and any("would give" in ln for ln in lines)
+    lines = uninstall.uninstall(lay, purge=False)
+    assert any("root:root" in ln for ln in lines)
+    for top in (lay.etc_dir, lay.state_dir, lay.dropin_dir):
+        for p in [top, *top.rglob("*")]:
+            st = p.lstat()
+            assert (st.st_uid, st.st_gid) == (0, 0), p
+    assert stat.S_IMODE(lay.token_file.stat().st_mode) == 0o600
+    assert (lay.state_dir / "state.json").read_text() == "{}"  # kept, only the owner changed
