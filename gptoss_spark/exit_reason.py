@@ -15,8 +15,12 @@ from typing import Iterable
 
 # uvicorn's access log: `127.0.0.1:40000 - "GET /metrics HTTP/1.1" 200 OK`.
 _ACCESS_LOG = re.compile(r'"[A-Z]+ \S* HTTP/[0-9.]+" \d{3}\b')
-# Lines worth showing first: logged errors and the lines of a Python traceback.
-_ERRORISH = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b|Traceback \(most recent call last\)|^\s*\w+(Error|Exception)\b")
+# Lines worth showing first: a logged error (vLLM's `ERROR 12-01 10:00:00 [...]`,
+# uvicorn's `ERROR:`), argparse's `prog: error: ...`, a traceback's first and last lines
+# (vLLM prefixes its processes' lines with `(EngineCore pid=N) `).
+# Not a bare ERROR: vLLM's usage text lists `{CRITICAL,ERROR,WARNING,...}`.
+_ERRORISH = re.compile(r"\b(ERROR|CRITICAL)(:|\s+\d\d-\d\d\s)|: error: |Traceback \(most recent call last\)"
+                       r"|^(\([^)]*\)\s*)?[\w.]+(Error|Exception)(:|$)")
 
 # A SIGKILL nobody here sent is most often the kernel's OOM killer.
 _KILL_HINT = "; if nothing here sent it, check `journalctl -k` for the kernel's OOM killer"

@@ -43,3 +43,19 @@ def test_logged_error_lines_are_preferred():
 def test_only_noise_gives_the_bare_reason():
     assert describe_exit(0, PROBES) == "engine exited with code 0"
     assert telling_lines(["a", "b", "c", "d"]) == ["b", "c", "d"]
+
+
+def test_argparse_error_beats_the_usage_text_that_names_log_levels():
+    # What vLLM prints for an unknown flag, shortened: usage lines, one listing ERROR as a choice.
+    out = ["usage: api_server.py [-h] [--host HOST]",
+           "                     [--log-level {CRITICAL,ERROR,WARNING,INFO,DEBUG,NOTSET}]",
+           "                     [model_tag]",
+           "api_server.py: error: unrecognized arguments: --no-such-engine-flag"]
+    assert describe_exit(2, out[:2] + out[2:], " while loading") == (
+        "engine exited with code 2 while loading: api_server.py: error: unrecognized arguments: --no-such-engine-flag")
+    assert telling_lines(out[:3]) == out[:3]  # no error line: the last lines as they are
+
+
+def test_prefixed_exception_line_of_an_engine_process():
+    out = ["(EngineCore pid=7) INFO loading", "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory", "INFO bye"]
+    assert telling_lines(out) == ["(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory"]
