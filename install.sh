@@ -71,8 +71,10 @@ MODE=(); [ "$CPU" = 1 ] && MODE=(--cpu)
     || die 15 "$PYTHON is missing or older than 3.11; install Python >= 3.11 or pass --python PATH"
 
 # One installer at a time.
-exec 9>/run/gptoss-spark-install.lock
-flock -n 9 || die 17 "another install.sh is running (lock /run/gptoss-spark-install.lock)"
+LOCK=/run/gptoss-spark-install.lock
+# shellcheck source=scripts/install-lock.sh
+. "$SRC/scripts/install-lock.sh"
+install_lock "$LOCK" || die 17 "another install.sh is running (lock $LOCK)"
 
 # ---------------------------------------------------------------- rollback
 if [ "$ACTION" = rollback ]; then
@@ -98,6 +100,7 @@ if [ "$ACTION" = uninstall ]; then
         echo "  removed user $SERVICE"
     fi
     getent group "$SERVICE" >/dev/null && run groupdel "$SERVICE"
+    [ "$DRY_RUN" = 1 ] || install_lock_remove   # nothing of ours left in /run either
     status "Uninstalled."
     exit 0
 fi
@@ -136,6 +139,7 @@ run systemctl enable --quiet "$SERVICE"
 
 status "Switching to $VENV_ID"
 SWITCHED="$(step switch "$VENV_ID" "${DRY[@]}")"
+step link "${DRY[@]}"   # /usr/local/bin/gptoss-spark -> current/bin/gptoss-spark
 
 if [ "$DRY_RUN" = 1 ]; then
     status "Dry run done: nothing was changed."

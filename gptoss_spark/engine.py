@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 
 from .config import Settings
+from .exit_reason import describe_exit
 from .profiles import Profile
 
 log = structlog.get_logger("gptoss_spark.engine")
@@ -136,9 +137,6 @@ class EngineProcess:
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc else None
 
-    def last_output(self, n: int = 5) -> str:
-        return " | ".join(list(self.tail)[-n:])
-
     async def start(self) -> None:
         run_dir = self.settings.run_dir
         # Short name: vLLM puts zmq IPC sockets (a 36-char uuid) in TMPDIR, and a socket path
@@ -170,27 +168,32 @@ class EngineProcess:
                 self.tail.append(line)
                 engine_log.info(line, pid=pid, profile=self.profile.name)
 
-    async def _exited(self) -> int:
-        """Return once the main process has exited.
+    async def exited(self) -> int:
+        """Return once the main process has exited, its output perhaps not yet all read.
 
         Not proc.wait(): in CPython 3.11 that also waits for the stdout pipe to close, and an
         orphaned vLLM EngineCore child keeps it open, so a kill -9 of the API server would go
-        unnoticed until the health probes fail. returncode is set by the child watcher on exit.
+        unnoticed until the health probes fail. returncode is set by the child watcher on exit;
+        polled often, so the supervisor leaves `ready` well within a second of the death.
         """
         assert self.proc
         while self.proc.returncode is None:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         return self.proc.returncode
 
-    async def wait(self) -> int:
-        assert self.proc
-        rc = await self._exited()
+    async def output_settled(self, timeout: float = 2.0) -> None:
+        """Let the last lines a dead engine wrote reach the tail (bounded: an orphaned child
+        may hold the pipe open for good)."""
         if self._pump:
             try:
-                await asyncio.wait_for(self._pump, 2)
+                await asyncio.wait_for(asyncio.shield(self._pump), timeout)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pass
-        return rc
+
+    def exit_reason(self, when: str = "") -> str:
+        """Why it ended, with the telling lines of its output (exit_reason.py)."""
+        assert self.proc and self.proc.returncode is not None
+        return describe_exit(self.proc.returncode, self.tail, when)
 
     async def stop(self, grace: float | None = None) -> float:
         """SIGTERM the engine's group, SIGKILL it after grace, return once no process of the tree remains.
@@ -205,12 +208,12 @@ class EngineProcess:
         if self.proc.returncode is None:
             self._signal_group(sid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(self._exited(), grace)
+                await asyncio.wait_for(self.exited(), grace)
             except asyncio.TimeoutError:
                 log.warning("engine ignored SIGTERM, killing its process group", pid=sid, grace=grace)
         # The main process may be gone while children it forked live on: always sweep the session.
         await self._kill_session(sid)
-        await self._exited()
+        await self.exited()
         if self._pump:
             self._pump.cancel()
         self._cleanup_tmpdir()

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,15 +236,27 @@ class PatchSet:
         return {p: texts[p] for p in self.files}
 
 
-def default_patches_dir() -> Path:
+# Where `apply` records the patch set it applied, inside the venv: an installed venv has no
+# checkout beside it, and doctor and bench must judge it by the set it was built with.
+RECORDED_DIR = Path("share") / "gptoss-spark" / "patches" / "vllm"
+
+
+def default_patches_dir(venv: Path | str | None = None) -> Path:
+    """$GPTOSS_SPARK_PATCHES_DIR, else the checkout's patches/vllm (a source tree or an
+    editable install), else the set recorded in `venv` (an installed venv)."""
     env = os.environ.get(ENV_PATCHES_DIR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "patches" / "vllm"
+    checkout = Path(__file__).resolve().parent.parent / "patches" / "vllm"
+    if venv is not None and not (checkout / SERIES_NAME).is_file():
+        recorded = Path(venv) / RECORDED_DIR
+        if (recorded / SERIES_NAME).is_file():
+            return recorded
+    return checkout
 
 
-def load_patch_set(directory: Path | None = None) -> PatchSet:
-    directory = Path(directory) if directory else default_patches_dir()
+def load_patch_set(directory: Path | None = None, venv: Path | str | None = None) -> PatchSet:
+    directory = Path(directory) if directory else default_patches_dir(venv)
     series_path = directory / SERIES_NAME
     if not series_path.is_file():
         raise PatchInputError(f"no patch set at {directory} ({SERIES_NAME} missing); "
@@ -381,7 +394,7 @@ def read_manifest(target: Target) -> dict | None:
 
 def inspect_venv(venv: Path | str, patches_dir: Path | None = None) -> Report:
     """What `verify`, `status` and `gptoss-spark doctor` report. Raises only for bad input/version."""
-    ps = load_patch_set(patches_dir)
+    ps = load_patch_set(patches_dir, venv)
     target = find_target(venv)
     check_version(target, ps)
     files = file_states(target, ps)
@@ -425,7 +438,7 @@ def _remove(path: Path) -> None:
 
 def apply(venv: Path | str, patches_dir: Path | None = None) -> str:
     """Apply the patch set; returns a one-line summary. All or nothing."""
-    ps = load_patch_set(patches_dir)
+    ps = load_patch_set(patches_dir, venv)
     target = find_target(venv)
     check_version(target, ps)
     files = file_states(target, ps)
@@ -443,6 +456,7 @@ def apply(venv: Path | str, patches_dir: Path | None = None) -> str:
         report = inspect_venv(venv, patches_dir)
         if report.state != "patched":  # files patched but manifest missing/stale: record it
             _write_manifest(target, ps)
+        _record_patch_set(target, ps)
         return f"already applied: {len(files)} files in {target.site_packages} match patch set {ps.ident}"
     if any(f.state == PATCHED for f in files):
         done = ", ".join(f.path for f in files if f.state == PATCHED)
@@ -467,9 +481,11 @@ def apply(venv: Path | str, patches_dir: Path | None = None) -> str:
             written.append((path, old))
             _write_atomic(path, text.encode(), mode)
         _write_manifest(target, ps)
+        _record_patch_set(target, ps)
     except OSError as e:
         failures = _rollback(written)
         _remove(target.manifest_path)
+        shutil.rmtree(target.venv / RECORDED_DIR, ignore_errors=True)
         tail = "every file written was restored" if not failures else f"ROLLBACK FAILED for {', '.join(failures)}"
         raise ApplyFailedError(f"writing {getattr(e, 'filename', None) or target.site_packages} failed "
                                f"({e.strerror or e}); {tail}") from None
@@ -488,6 +504,18 @@ def _rollback(written: list[tuple[Path, bytes | None]]) -> list[str]:
         except OSError:
             failures.append(str(path))
     return failures
+
+
+def _record_patch_set(target: Target, ps: PatchSet) -> None:
+    """Copy series.json and the patches into the venv (RECORDED_DIR); files already equal stay."""
+    dest = target.venv / RECORDED_DIR
+    if ps.directory.resolve() == dest.resolve():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (SERIES_NAME, *ps.patch_names):
+        data = (ps.directory / name).read_bytes()
+        if not (dest / name).is_file() or (dest / name).read_bytes() != data:
+            _write_atomic(dest / name, data, 0o644)
 
 
 def _write_manifest(target: Target, ps: PatchSet) -> None:

@@ -402,7 +402,7 @@ class Supervisor:
         deadline = self.clock() + self.settings.timeouts.load
         next_extend = 0.0
         last_canary_error = None
-        exit_task = asyncio.create_task(engine.wait())
+        exit_task = asyncio.create_task(engine.exited())
         try:
             while True:
                 now = self.clock()
@@ -412,8 +412,7 @@ class Supervisor:
                     self.notifier.extend_timeout(EXTEND_BY_SECONDS)
                     next_extend = now + EXTEND_EVERY_SECONDS
                 if exit_task.done():
-                    return _Ended(f"engine exited with code {exit_task.result()} while loading: "
-                                  f"{engine.last_output(3)}")
+                    return await self._engine_died(engine, name, " while loading")
                 if self._pending is not None:
                     return _Ended(f"{self._pending.kind.value} requested while loading", self._take_command())
                 danger = self.guard.danger()
@@ -439,11 +438,11 @@ class Supervisor:
         next_probe = self.clock() + t.probe_interval
         canary_every = self.settings.wedge.canary_interval
         next_canary = self.clock() + canary_every if canary_every else float("inf")
-        exit_task = asyncio.create_task(engine.wait())
+        exit_task = asyncio.create_task(engine.exited())
         try:
             while True:
                 if exit_task.done():
-                    return _Ended(f"engine exited with code {exit_task.result()}: {engine.last_output(3)}")
+                    return await self._engine_died(engine, name)
                 if self._pending is not None:
                     cmd = self._take_command()
                     if cmd.kind != CommandKind.STOP:
@@ -481,6 +480,13 @@ class Supervisor:
             if not exit_task.done():
                 exit_task.cancel()
 
+    async def _engine_died(self, engine: EngineProcess, name: str, when: str = "") -> _Ended:
+        # Out of ready/loading at once: /admin/health must not say "ready" for a dead engine while
+        # its last output drains (up to 2 s when an orphaned child holds the pipe).
+        self.sm.to(State.STOPPING, engine.exit_reason(when), name)
+        await engine.output_settled()
+        return _Ended(engine.exit_reason(when))
+
     async def _drain(self, probe: EngineProbe, name: str, exit_task: asyncio.Task[int]) -> None:
         """Bounded wait for running requests to finish. New requests may still arrive: the bound holds."""
         self.sm.to(State.DRAINING, f"waiting up to {self.settings.timeouts.drain:g} s for running requests", name)
@@ -494,7 +500,8 @@ class Supervisor:
             log.warning("drain timeout: stopping with requests still running", profile=name)
 
     async def _stop_engine(self, engine: EngineProcess, ended: _Ended, name: str) -> None:
-        self.sm.to(State.STOPPING, ended.reason, name)
+        if self.state != State.STOPPING:  # _engine_died already moved there
+            self.sm.to(State.STOPPING, ended.reason, name)
         memory = ended.reason.startswith("memory guard")
         try:
             # Memory danger: every second counts, give it very little grace.

@@ -8,6 +8,7 @@ single word on stdout. Every step takes --dry-run and then changes nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from pathlib import Path
@@ -161,6 +162,18 @@ def cmd_switch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_link(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    p = placement.link_cli(layout, dry_run=args.dry_run)
+    if p.action == "created":
+        _say(f"  linked {layout.real(p.path)} -> {layout.real(layout.current_cli)}")
+    elif p.action == "would-create":
+        _say(f"  would link {layout.real(p.path)} -> {layout.real(layout.current_cli)}")
+    else:
+        _say(p.line(layout))
+    return 0
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     layout = _layout(args)
     was, now = venvs.rollback(layout, dry_run=args.dry_run)
@@ -184,12 +197,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    e = placement.endpoints(_layout(args))
+    layout = _layout(args)
+    e = placement.endpoints(layout)
+    cli = placement.command_path(layout)
+    link = layout.real(layout.cli_link)
+    if cli == "gptoss-spark":
+        cli_line = f"{link} -> {layout.real(layout.current_cli)}"
+    elif os.path.lexists(layout.cli_link):
+        cli_line = f"{cli} ({link} is someone else's, so not this one)"
+    else:
+        cli_line = f"{cli} (not on PATH: {link} is missing; re-run install.sh)"
     print(f"""
   OpenAI API:   {e['engine']}      (model name "{e['model']}")
   Admin API:    {e['admin']}/profile   (token: {e['token']})
   Logs:         journalctl -u gptoss-spark -f
-  Status:       systemctl status gptoss-spark
+  Status:       systemctl status gptoss-spark; {cli} status
+  Command:      {cli_line}
   Try it:       curl -s {e['engine']}/completions -H 'Content-Type: application/json' \\
                   -d '{{"model": "{e['model']}", "prompt": "Hello", "max_tokens": 16}}'""")
     return 0
@@ -232,6 +255,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     step("unit", cmd_unit, "install the systemd unit file", source=True)
     sp = step("switch", cmd_switch, "atomically point current at a built venv")
     sp.add_argument("venv_id")
+    step("link", cmd_link, "put the gptoss-spark command on PATH (/usr/local/bin)")
     step("rollback", cmd_rollback, "swap current and previous")
     sp = step("uninstall", cmd_uninstall, "remove unit and code (config and state too with --purge)")
     sp.add_argument("--purge", action="store_true")

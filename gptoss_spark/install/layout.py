@@ -78,6 +78,16 @@ class Layout:
         # Staged source and pip's scratch: on disk, not in a tmpfs /tmp.
         return self.opt_dir / "build"
 
+    @property
+    def current_cli(self) -> Path:
+        # Through `current`, so an upgrade or rollback moves the command with it.
+        return self.current / "bin" / "gptoss-spark"
+
+    # The command on PATH: a symlink to current_cli.
+    @property
+    def cli_link(self) -> Path:
+        return self._p("/usr/local/bin/gptoss-spark")
+
     # /etc/gptoss-spark: the admin's files, never overwritten.
     @property
     def etc_dir(self) -> Path:

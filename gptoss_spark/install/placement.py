@@ -39,6 +39,8 @@ class Placed:
             "would-keep": f"  would keep your {p} and write the new default to {p}.dist",
             "replaced": f"  updated {p}",
             "would-replace": f"  would update {p}",
+            "foreign": f"  WARNING: left {p} alone: it is not our link; the command is "
+                       f"{layout.real(layout.current_cli)}",
         }[self.action]
 
 
@@ -259,6 +261,38 @@ def install_unit(layout: Layout, source: Path, *, dry_run: bool = False) -> Plac
         shutil.copy2(dest, dest.with_name(dest.name + ".old"))
     _write_atomic(dest, new, 0o644)
     return Placed(dest, "replaced" if existed else "created")
+
+
+# ------------------------------------------------------------ the command on PATH
+
+def cli_link_is_ours(layout: Layout) -> bool:
+    """A symlink at cli_link pointing at current_cli, and nothing else, is ours."""
+    link = layout.cli_link
+    return link.is_symlink() and os.readlink(link) == str(layout.current_cli)
+
+
+def link_cli(layout: Layout, *, dry_run: bool = False) -> Placed:
+    """/usr/local/bin/gptoss-spark -> /opt/gptoss-spark/current/bin/gptoss-spark.
+    Anything else already there (a file, another link) is the admin's: kept, with
+    a warning."""
+    link = layout.cli_link
+    if cli_link_is_ours(layout):
+        return Placed(link, "unchanged")
+    if link.is_symlink() or link.exists():
+        return Placed(link, "foreign")
+    if dry_run:
+        return Placed(link, "would-create")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(layout.current_cli, tmp)
+    os.replace(tmp, link)
+    return Placed(link, "created")
+
+
+def command_path(layout: Layout) -> str:
+    """What to type: the link on PATH when it is ours, else the full path."""
+    return "gptoss-spark" if cli_link_is_ours(layout) else layout.real(layout.current_cli)
 
 
 def endpoints(layout: Layout) -> dict[str, str]:

@@ -1,18 +1,23 @@
-"""What --uninstall removes: the unit and the code. The admin's config and the
+"""What --uninstall removes: the unit, the code and our link on PATH. The admin's config and the
 service's state (caches, demo model, last-good profile) stay unless --purge.
 Stopping the unit and deleting the user are install.sh's (systemctl, userdel)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 from pathlib import Path
 
 from .layout import Layout
+from .placement import cli_link_is_ours
 
 
 def uninstall_plan(layout: Layout, *, purge: bool) -> tuple[list[Path], list[Path]]:
     """(remove, keep): existing paths only."""
     remove = [layout.unit_file, layout.unit_file.with_name(layout.unit_file.name + ".old"), layout.opt_dir]
+    if cli_link_is_ours(layout):
+        remove.append(layout.cli_link)  # someone else's file there is left alone
     keep = [layout.dropin_dir, layout.etc_dir, layout.state_dir]
     if purge:
         remove += keep
@@ -33,4 +38,29 @@ def uninstall(layout: Layout, *, purge: bool, dry_run: bool = False) -> list[str
             p.unlink()
     for p in keep:
         lines.append(f"  kept {layout.real(p)} (--purge removes it)")
+    if keep:
+        handed = hand_to_root(layout, keep, dry_run=dry_run)
+        if handed:
+            lines.append(f"  {'would give' if dry_run else 'gave'} {handed} kept files to root:root "
+                         f"(the service user and group are deleted next), {layout.real(layout.token_file)} mode 0600")
     return lines
+
+
+def hand_to_root(layout: Layout, kept: list[Path], *, dry_run: bool = False) -> int:
+    """chown what is kept to root:root and make the token 0600, before userdel/groupdel:
+    files owned by a deleted uid/gid would be readable by whoever gets that number next.
+    Returns how many paths were (or would be) changed."""
+    changed: set[Path] = set()
+    for top in kept:
+        for p in [top, *top.rglob("*")]:
+            st = p.lstat()
+            if (st.st_uid, st.st_gid) != (0, 0):
+                changed.add(p)
+                if not dry_run:
+                    os.chown(p, 0, 0, follow_symlinks=False)
+    tok = layout.token_file
+    if tok.is_file() and not tok.is_symlink() and stat.S_IMODE(tok.stat().st_mode) != 0o600:
+        changed.add(tok)
+        if not dry_run:
+            os.chmod(tok, 0o600)
+    return len(changed)

@@ -8,6 +8,8 @@ so each scenario takes seconds.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -320,5 +322,30 @@ def test_engine_exit_is_noticed_even_when_an_orphaned_child_holds_its_output_pip
         stop = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING][0]
         assert stop.startswith("engine exited with code 1"), stop
         assert not _session_members(first)            # the orphan was swept with its session
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_kill9_leaves_ready_at_once_and_the_reason_names_the_signal(tmp_path):
+    # The orphaned child holds the output pipe, as vLLM's EngineCore does after a kill -9 of
+    # the API server: reading the engine's last output then takes up to 2 s, and the state must
+    # not stay "ready" (what /admin/health answers) while it does.
+    async def scenario():
+        s = make_settings(tmp_path, {"victim": "child"}, timeouts={"probe_interval": 5},
+                          wedge={"canary_interval": 0})
+        h = Harness(tmp_path, s)
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        loop = asyncio.get_running_loop()
+        victim = h.sup.engine.pid
+        os.kill(victim, signal.SIGKILL)
+        t0 = loop.time()
+        await h.until(lambda: h.sup.state != State.READY, timeout=5, what="leaving ready")
+        left_after = loop.time() - t0
+        # Generous for a loaded box; it took over 2 s while the supervisor waited for the output.
+        assert left_after < 1.0, f"still ready {left_after:.2f} s after the kill"
+        await h.until(lambda: h.sup.state == State.READY and h.sup.engine.pid != victim, what="recovered")
+        assert h.sup.last_error.startswith("engine killed by SIGKILL (signal 9)"), h.sup.last_error
+        assert "journalctl -k" in h.sup.last_error
         assert await h.stop() == EXIT_OK
     run(scenario())

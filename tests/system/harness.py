@@ -7,7 +7,8 @@ script does it, all before systemd is exec'd:
   systemd manages only that subtree (and stays under the test's memory limit);
 - private tmpfs on /tmp, /var/tmp, /run (systemd-tmpfiles would empty the
   shared /tmp) and /var/log (journald, utmp);
-- overlay mounts over /etc, /opt and /var/lib: useradd, the installer and
+- overlay mounts over /etc, /opt, /var/lib and /usr/local (the command's
+  link in /usr/local/bin): useradd, the installer and
   systemd write there and nothing reaches the host, while the host's content
   (local wheels under /opt) stays readable. The upper layers live in a
   scratch directory the test owns (on disk, not in RAM: a venv is ~3 GiB and
@@ -77,10 +78,11 @@ while read -r name fstype opts; do
 done <<'EOF'
 {cgroup_table}EOF
 S={shlex.quote(str(scratch))}
-for d in etc opt varlib; do mkdir -p "$S/$d/up" "$S/$d/wk"; done
+for d in etc opt varlib usrlocal; do mkdir -p "$S/$d/up" "$S/$d/wk"; done
 mount -t overlay overlay -o "lowerdir=/etc,upperdir=$S/etc/up,workdir=$S/etc/wk" /etc
 mount -t overlay overlay -o "lowerdir=/opt,upperdir=$S/opt/up,workdir=$S/opt/wk" /opt
 mount -t overlay overlay -o "lowerdir=/var/lib,upperdir=$S/varlib/up,workdir=$S/varlib/wk" /var/lib
+mount -t overlay overlay -o "lowerdir=/usr/local,upperdir=$S/usrlocal/up,workdir=$S/usrlocal/wk" /usr/local
 mount -t tmpfs -o mode=755 tmpfs /etc/systemd/system
 for u in {masks}; do ln -s /dev/null "/etc/systemd/system/$u"; done
 cat > /etc/systemd/system/systest.target <<'EOF'

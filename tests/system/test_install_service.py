@@ -86,7 +86,8 @@ def host_snapshot() -> dict[str, object]:
         "/opt": sorted(os.listdir("/opt")),
         "/var/lib": sorted(os.listdir("/var/lib")),
         "ours": [d for d in ("/opt/gptoss-spark", "/etc/gptoss-spark", "/var/lib/gptoss-spark",
-                             "/run/gptoss-spark-install.lock") if os.path.lexists(d)],
+                             "/usr/local/bin/gptoss-spark", "/run/gptoss-spark-install.lock")
+                 if os.path.lexists(d)],
     }
 
 

@@ -407,7 +407,7 @@ def test_every_step_dry_run_changes_nothing(lay, src):
     for args in (["dirs", "--dry-run"], ["build", "--source", s, "--cpu", "--dry-run"],
                  ["assets", "--venv-id", "x", "--cpu", "--dry-run"],
                  ["config", "--source", s, "--cpu", "--dry-run"], ["token", "--dry-run"],
-                 ["unit", "--source", s, "--dry-run"], ["switch", "zzz", "--dry-run"],
+                 ["unit", "--source", s, "--dry-run"], ["switch", "zzz", "--dry-run"], ["link", "--dry-run"],
                  ["uninstall", "--purge", "--dry-run"]):
         r = run_cli(lay, *args)
         assert r.returncode == 0, (args, r.stderr)
@@ -434,3 +434,75 @@ def test_install_package_is_stdlib_only():
 def test_registered_in_main_cli():
     from gptoss_spark import cli
     assert "gptoss_spark.install" in cli.COMMAND_MODULES
+
+
+# ---------------------------------------------------------------- the command on PATH
+
+def test_cli_link_points_through_current_and_is_idempotent(lay):
+    assert placement.link_cli(lay, dry_run=True).action == "would-create"
+    assert not os.path.lexists(lay.cli_link)
+    assert placement.link_cli(lay).action == "created"
+    assert os.readlink(lay.cli_link) == str(lay.opt_dir / "current" / "bin" / "gptoss-spark")
+    assert placement.link_cli(lay).action == "unchanged"
+    fake_venv(lay, "a")
+    (lay.venvs_dir / "a" / "bin").mkdir()
+    (lay.venvs_dir / "a" / "bin" / "gptoss-spark").write_text("#!/bin/sh\n")
+    venvs.switch_current(lay, "a")
+    assert lay.cli_link.resolve() == (lay.venvs_dir / "a" / "bin" / "gptoss-spark").resolve()
+    assert lay.real(lay.cli_link) == "/usr/local/bin/gptoss-spark"
+
+
+@pytest.mark.parametrize("foreign", ["file", "link"])
+def test_cli_link_leaves_a_foreign_file_and_uninstall_keeps_it(lay, src, foreign):
+    lay.cli_link.parent.mkdir(parents=True)
+    if foreign == "file":
+        lay.cli_link.write_text("#!/bin/sh\necho mine\n")
+    else:
+        os.symlink("/somewhere/else", lay.cli_link)
+    before = snapshot(lay.cli_link.parent)
+    p = placement.link_cli(lay)
+    assert p.action == "foreign" and "WARNING" in p.line(lay) and "current/bin/gptoss-spark" in p.line(lay)
+    assert snapshot(lay.cli_link.parent) == before
+    installed(lay, src)
+    uninstall.uninstall(lay, purge=True)
+    assert snapshot(lay.cli_link.parent) == before
+
+
+def test_uninstall_removes_our_cli_link(lay, src):
+    installed(lay, src)
+    placement.link_cli(lay)
+    lines = uninstall.uninstall(lay, purge=False, dry_run=True)
+    assert "  would remove /usr/local/bin/gptoss-spark" in lines and lay.cli_link.is_symlink()
+    uninstall.uninstall(lay, purge=False)
+    assert not os.path.lexists(lay.cli_link)
+
+
+def test_summary_names_the_command(lay, src):
+    installed(lay, src)
+    assert "not on PATH" in run_cli(lay, "summary").stdout
+    r = run_cli(lay, "link")
+    assert r.returncode == 0 and "linked /usr/local/bin/gptoss-spark -> /opt/gptoss-spark/current/bin/gptoss-spark" in r.stderr
+    out = run_cli(lay, "summary").stdout
+    assert "/usr/local/bin/gptoss-spark -> /opt/gptoss-spark/current/bin/gptoss-spark" in out
+    assert "gptoss-spark status" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_uninstall_hands_kept_files_to_root_before_the_user_goes(lay, src):
+    installed(lay, src)
+    svc = 64999  # a uid/gid that stands for the service user and group about to be deleted
+    for top in (lay.etc_dir, lay.state_dir):
+        for p in [top, *top.rglob("*")]:
+            os.chown(p, svc if top == lay.state_dir else 0, svc)
+    os.chmod(lay.token_file, 0o640)
+    before = snapshot(lay.root)
+    lines = uninstall.uninstall(lay, purge=False, dry_run=True)
+    assert snapshot(lay.root) == before and any("would give" in ln for ln in lines)
+    lines = uninstall.uninstall(lay, purge=False)
+    assert any("root:root" in ln for ln in lines)
+    for top in (lay.etc_dir, lay.state_dir, lay.dropin_dir):
+        for p in [top, *top.rglob("*")]:
+            st = p.lstat()
+            assert (st.st_uid, st.st_gid) == (0, 0), p
+    assert stat.S_IMODE(lay.token_file.stat().st_mode) == 0o600
+    assert (lay.state_dir / "state.json").read_text() == "{}"  # kept, only the owner changed

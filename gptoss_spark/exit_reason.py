@@ -1,0 +1,50 @@
+"""Why the engine ended, in one line a person can act on.
+
+The engine's last output is mostly noise at a crash: uvicorn logs every
+request, and the supervisor's own /health and /metrics probes are requests,
+so a kill -9 used to read "exited with code -9: ... "GET /metrics HTTP/1.1"
+200 OK". Here access-log lines are dropped, error lines are preferred, and a
+death by signal is named as one.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Iterable
+
+# uvicorn's access log: `127.0.0.1:40000 - "GET /metrics HTTP/1.1" 200 OK`.
+_ACCESS_LOG = re.compile(r'"[A-Z]+ \S* HTTP/[0-9.]+" \d{3}\b')
+# Lines worth showing first: a logged error (vLLM's `ERROR 12-01 10:00:00 [...]`,
+# uvicorn's `ERROR:`), argparse's `prog: error: ...`, a traceback's first and last lines
+# (vLLM prefixes its processes' lines with `(EngineCore pid=N) `).
+# Not a bare ERROR: vLLM's usage text lists `{CRITICAL,ERROR,WARNING,...}`.
+_ERRORISH = re.compile(r"\b(ERROR|CRITICAL)(:|\s+\d\d-\d\d\s)|: error: |Traceback \(most recent call last\)"
+                       r"|^(\([^)]*\)\s*)?[\w.]+(Error|Exception)(:|$)")
+
+# A SIGKILL nobody here sent is most often the kernel's OOM killer.
+_KILL_HINT = "; if nothing here sent it, check `journalctl -k` for the kernel's OOM killer"
+
+
+def telling_lines(lines: Iterable[str], n: int = 3) -> list[str]:
+    """The last n lines that say something: error lines if there are any, else the last
+    lines that are not access-log entries."""
+    useful = [ln for ln in lines if ln.strip() and not _ACCESS_LOG.search(ln)]
+    errors = [ln for ln in useful if _ERRORISH.search(ln)]
+    return (errors or useful)[-n:]
+
+
+def describe_exit(returncode: int, output: Iterable[str] = (), when: str = "") -> str:
+    """`engine killed by SIGKILL (signal 9)...` or `engine exited with code 1`, then `when`
+    (e.g. " while loading"), then the telling lines of its output."""
+    if returncode < 0:
+        num = -returncode
+        try:
+            name = signal.Signals(num).name
+        except ValueError:
+            name = f"signal {num}"
+        what = f"engine killed by {name} (signal {num}){when}" + (_KILL_HINT if num == signal.SIGKILL else "")
+    else:
+        what = f"engine exited with code {returncode}{when}"
+    shown = telling_lines(output)
+    return f"{what}: {' | '.join(shown)}" if shown else what
