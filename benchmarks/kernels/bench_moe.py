@@ -109,25 +109,9 @@ def sweep(layers, log, variants=None):
         return sum(t.values()) if err < 5e-3 else math.inf
 
     best, best_s = DEFAULT_CONFIG, math.inf
-    # results/run6-10: C = 4 beat 1 and 2, 3 stages beat 2 and 4, a down split of 8 beat 4 and 16;
-    # splitting gate_up's K (run9), the down stage's K on top of the split (run8), programmatic
-    # dependent launch (run9) and a 128-row gate_up tile (run10) did not pay and were removed.
-    # run11-13 (one token): gate and up in separate programs (+4 us), 2 or 4 pipeline stages
-    # (+6 to +12 us), L2 prefetch of a program's blocks or of the down weights (+5 us), router
-    # splits of 5, 15, 45 (no gain): all removed. Kept: K shared among programs at one token in
-    # gate_up (-1.7 us) and down (-2 us). run14: the router's top-k over max(4, M) rows, not the
-    # 16 of the tensor-core bucket (-2.3 us, kept); one packed (logit, index) max per top-k round
-    # instead of a max and an argmax (+0.5 us, removed). run15-18: down fused into gate_up at one
-    # and two tokens (-2.2 us at two, none at one; removed, docs/KERNELS.md). run19: programmatic
-    # dependent launch with each kernel launching the next after its loop (-1.2 to -1.7 us at
-    # M = 1-8, kept). run20: 4 down stages (209 registers at one token: +3 us there, -1.4 us at 2-4)
-    # and smaller tiles with capped registers (register_caps.md): none kept. run21: on layout 2 the
-    # 8-column token tile (mma_sync_m_pad, kept: -4.5 to -29 us at M = 1-8). run23/24: the top-k in
-    # gate_up's programs at M <= 2 (kept: -2 to -2.7 us on layout 2, -0.5 to -1.7 on layout 3; at
-    # 4 and 8 tokens slower), then a router split of 15 (kept: -0.5 to -0.9 us at one token). run31:
-    # at one token gate_up's programs take 32 features over all of K instead of 64 over half of it
-    # (kept: -2.7 / -3.0 us of fixed cost on layouts 3 / 2). The sweep shows each piece beside the
-    # whole; --variants sweeps other config changes.
+    # Each default variant switches off one piece of DEFAULT_CONFIG, so the sweep shows each
+    # piece beside the whole; --variants sweeps other config changes. What such sweeps measured
+    # and did not keep: docs/NEGATIVE_RESULTS.md.
     if variants is None:
         variants = [{}, {"pdl": False}, {"router_topk_min_rows": 16}, {"gate_up_half_rows_max": 0, "down_k_parts": False},
                     {"topk_in_gate_up_max": 0}, {"mma_sync_m_pad": 16}]  # (the last changes nothing on layout 3)

@@ -1,15 +1,15 @@
 """Projected Spark decode rate from a kernel benchmark result: a PROJECTION, not a Spark measurement.
 
-    python3 benchmarks/kernels/project_spark.py benchmarks/kernels/results/final/bench_moe.json
+    python3 benchmarks/kernels/project_spark.py benchmarks/kernels/results/fixed_cost/layout2/bench_moe.json
 
 Model, per MoE layer: F + D x 13.2 MB / (eta x 250 GB/s), with F the fixed cost
 measured on the device (not scaled: it is launches and latency, not bytes) and
 eta the fraction of GB10's ~250 GB/s the expert reads reach: from the device's
 measured fraction of its own roofline (low end) to 0.85 (what the seed's CUTLASS
 path reached, high end). Everything outside the MoE is taken as the seed measured
-it on a Spark (REFERENCE.md §3): plain 64.3 tok/s with 371 us of MoE per layer;
+it on a Spark (docs/HARDWARE.md): plain 64.3 tok/s with 371 us of MoE per layer;
 spec K=1 68.9 tok/s with 616 us per layer, 3.64 ms of other work per pass and
-1.779 tokens per pass (the split docs/KERNELS.md has used since the first run).
+1.779 tokens per pass (the split of the seed's pass that docs/KERNELS.md uses).
 """
 
 from __future__ import annotations
@@ -53,4 +53,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/kernels/results/final/bench_moe.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/kernels/results/fixed_cost/layout2/bench_moe.json")

@@ -32,20 +32,22 @@ MAX_DECODE_TOKENS = 32
 
 @dataclass(frozen=True)
 class MoeLaunchConfig:
-    """Tile sizes; DEFAULT is what the H200 sweep picked (benchmarks/kernels/results/).
+    """Tile sizes and launch-plan switches. The defaults come from sweeps on an H200 (bench_moe.py
+    --sweep / --variants; docs/KERNELS.md); the target is GB10, where they are still to be re-tuned
+    (48 SMs, ~100 KB of shared memory per SM: docs/HARDWARE.md).
 
     The expert kernels always use 4 warps (one warpgroup: 64 weight rows per
     tensor-core tile, the layout of mxfp4_layout.py); *_c is how many 64-k
     blocks one loop iteration takes.
     """
-    router_split_k: int = 15  # 9 before the top-k moved to gate_up at <= 2 tokens; 15 was 0.5-0.9 us faster (run24)
+    router_split_k: int = 15  # with the top-k in gate_up at <= 2 tokens, 0.5-0.9 us faster at one token than 9 (H200)
     router_topk_min_rows: int = 4  # router_logits.topk_rows_for
     # Token columns of the expert kernels' tensor-core tile up to 8 tokens on layout 2 (mma.sync,
     # GB10's): mma.sync's own n8 width. 16 (the wgmma minimum) cost 4.5 to 6 us at one token and
-    # 11 to 30 us at 2 to 8 on the H200 (results/run21). Layout 3 (wgmma) always takes 16 (launch_plan).
+    # 11 to 30 us at 2 to 8 on the H200. Layout 3 (wgmma) always takes 16 (launch_plan).
     mma_sync_m_pad: int = 8
     # Fewest token columns of the router's tile (16 rows of experts: mma.sync on every GPU). 8 was
-    # within noise of 16 at 1 to 8 tokens on both layouts (results/run22).
+    # within noise of 16 at 1 to 8 tokens on both layouts (H200).
     router_m_pad: int = 16
     router_block_e: int = 16
     router_block_k: int = 64
@@ -57,7 +59,7 @@ class MoeLaunchConfig:
     # Few tokens select few experts: too few programs, each a long chain of dependent loads
     # (launch_plan). Up to this many tokens each gate_up program takes 32 gate and 32 up features
     # instead of 64 (twice the programs, moe_gate_up.py); 0: never. At 2 tokens it cost
-    # 1.5 us (layout 2) and 4 us (layout 3) on the H200 (results/run31).
+    # 1.5 us (layout 2) and 4 us (layout 3) on the H200.
     gate_up_half_rows_max: int = 1
     # When fewer experts can be selected than the down split, its spare programs take shares of K.
     down_k_parts: bool = True
@@ -66,17 +68,17 @@ class MoeLaunchConfig:
     topk_in_gate_up_max: int = 2
     # At one token (with the top-k in gate_up) gate_up's slot s takes the token's pick s instead of
     # the s-th selected expert in index order: no used-expert list, scan or token match before the
-    # loop (moe_gate_up.py). run32: -1.4 us per layer at one token on layout 2, -0.9 on layout 3.
+    # loop (moe_gate_up.py): -1.4 us per layer at one token on layout 2, -0.9 on layout 3 (H200).
     slots_by_pick: bool = True
     # Programmatic dependent launch between the three kernels (pdl.py): each launches the next after
-    # its loop and waits for the previous one before its first read of it. run19: 1.2 to 1.7 us per
-    # layer faster at M = 1, 2, 4 and 8.
+    # its loop and waits for the previous one before its first read of it: 1.2 to 1.7 us per layer
+    # faster at M = 1, 2, 4 and 8 (H200).
     pdl: bool = True
     # mxfp4_decode.py: 1 portable (interpreter), 2 inline PTX (GPU only)
     decode: int = 2
     # Up to this many tokens down's programs sum their shares by counted fixed-point atomics
     # (counted_sum.py, one L2 round trip), above it by partials and a last-to-arrive sum (three);
-    # 0: never. run35 (H200): -0.2 to -0.7 us per layer at one token on both layouts, none at 2,
+    # 0: never. On the H200: -0.2 to -0.7 us per layer at one token on both layouts, none at 2,
     # and up to +8 % from 8 tokens on layout 2, where the atomics grow with the token columns.
     down_counted_max: int = 1
     # ptxas's register cap for down with counted sums on layout 3 (wgmma; the launch option
@@ -114,7 +116,8 @@ def launch_plan(m: int, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mm
 
     m tokens select at most m * top_k experts; when that is below the down split,
     the split's spare programs would idle, so they share K instead (a power of two
-    that divides the split). At few tokens gate_up shares K too. On layout 2
+    that divides the split); gate_up's programs take half rows instead
+    (config.gate_up_half_rows_max). On layout 2
     (mma.sync) the expert kernels' tile has as few as config.mma_sync_m_pad token
     columns; on layout 3 at least 16: below that Triton gives up wgmma for
     mma.sync and moves the decoded tile through shared memory to its layout.

@@ -55,7 +55,7 @@ def moe_down_kernel(
     offs_t = tl.arange(0, TOPK)
     offs_n = pid_n * 64 + tl.arange(0, 64)
     row_ok = (offs_m < M)[:, None]
-    # The routing is read before the PDL wait (-0.2 to -0.3 us at one token, results/run33): whoever
+    # The routing is read before the PDL wait (-0.2 to -0.3 us at one token, H200): whoever
     # stored it made it visible before this kernel's programs could be placed (pdl.py). .cg: from L2,
     # never a line of an earlier layer's tables left in this SM's L1.
     ids = tl.load(ids_ptr + offs_m[:, None] * TOPK + offs_t[None, :], mask=row_ok, other=-1, cache_modifier=".cg")
@@ -85,9 +85,9 @@ def moe_down_kernel(
         blk = (expert * RB + pid_n) * KB
         acc = tl.zeros((64, M_PAD), dtype=tl.float32)
         # One loop for every share of K, whose first block is a run-time value (mxfp4_rows_dot).
-        # Before, a copy of the loop per share, each with its blocks left over in a loop of its
-        # own: ptxas serialized every wgmma of the kernel at one token (C7513), each k16 step
-        # waiting for the one before.
+        # A copy of the loop per share, each with its leftover blocks in a loop of its own, makes
+        # ptxas serialize every wgmma of the kernel at one token (C7513), each k16 step waiting
+        # for the one before.
         # Up to 16 token columns only the columns that count are read (mxfp4_decode.load_activations).
         # Which mask is what ptxas fits best (sm_90a): with K shares (one token) the routed tokens
         # (168 registers; the token count: 213), else the token count (156; routed: 181).
@@ -108,7 +108,7 @@ def moe_down_kernel(
     elif COUNTED:
         # Every one of the row block's SPLIT programs adds every element it covers (zeros where it
         # had no expert), so each element's count reaches SPLIT. One L2 round trip after the loop
-        # where the partials below take three (results/run35: -0.2 to -0.7 us per layer at one
+        # where the partials below take three (H200: -0.2 to -0.7 us per layer at one
         # token; from 8 tokens on layout 2 up to +8 %: its atomics grow with the token columns).
         last, total = counted_add(sums_ptr + offs_m[None, :] * H + offs_n[:, None], out,
                                   tl.broadcast_to(store_mask, (64, M_PAD)), SPLIT, INTERPRET)

@@ -13,10 +13,10 @@ program b takes 32 gate and 32 up features, [32b, 32b + 32), over the whole
 of K, as one 64-row tensor-core tile (half of a gate block and the same half
 of the up block). One token selects only 4 experts: 180 programs of 64
 features would be too few for 132 SMs, each a long chain of dependent loop
-iterations. Until session 9 the 180 became 360 by two shares of K whose fp32
-sums the last to finish added (a store, an acq_rel arrival, a read); half
-rows make the same 360 programs with nothing to add (-2.7 / -3.0 us per layer
-on the H200, layouts 3 / 2, docs/KERNELS.md "Session 9").
+iterations. Half rows make 360 programs with nothing to add between them,
+where two shares of K per program would need a sum (a store, an acq_rel
+arrival, a read): -2.7 / -3.0 us per layer on the H200 against the shares,
+layouts 3 / 2.
 
 With ROUTE (the fewest tokens, moe.launch_plan) the router kernel stops after
 its partial logits, and every program takes the top-k itself from them
@@ -26,7 +26,7 @@ and a chain of shuffles in one program) with the same top-k run by every
 program at once. Program (0, 0) stores the tables for down. At one token
 (SLOTS_BY_PICK) slot s is simply the token's pick number s: the picks are
 distinct, so no program builds the list of used experts, scans it or matches
-tokens to its expert (-1.4 / -0.9 us per layer on layouts 2 / 3, results/run32);
+tokens to its expert (-1.4 / -0.9 us per layer on layouts 2 / 3, H200);
 only program (0, 0) builds the list, for down.
 
 Weights are in the kernels' layout (mxfp4_layout.py): gate rows first, then

@@ -17,8 +17,8 @@ The routing itself is torch (moe_prefill_block: logits in fp32 from the bf16
 inputs, top-k, softmax over the selected), the reference's math. Both kernels
 reuse the decode kernels' loops (moe_gate_up.gate_up_dot,
 mxfp4_decode.mxfp4_rows_dot): the pair block is the tensor-core tile's token
-columns. ops.moe_block sends every call of more than 32 tokens here
-(docs/KERNELS.md, "Prefill").
+columns. ops.moe_block sends every call of more than ops.DECODE_DISPATCH_TOKENS
+(16) tokens here (docs/KERNELS.md, "Prefill").
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def align_pairs(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Te
 @triton.jit
 def _pairs_of_block(pairs_ptr, blk, N_PAIRS, BLOCK_M: tl.constexpr):
     """-> (the block's pairs as int64, which are real): padding becomes pair 0, a valid address; its
-    columns are neither read (the kernels mask them: one row read by every padding column was an L2
-    hot spot) nor stored."""
+    columns are neither read (the kernels mask them: unmasked, every padding column reads the same
+    row, an L2 hot spot) nor stored."""
     pair = tl.load(pairs_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < N_PAIRS
     return tl.where(valid, pair, 0).to(tl.int64), valid

@@ -213,7 +213,7 @@ def load_activations(ptrs, col_ok, MASK_COLS: tl.constexpr):
     With MASK_COLS only the columns col_ok [columns] are read; the others are zeros
     and cost no memory request. Padding columns point at a real row, so without the
     mask every program of the grid asks for those L2 lines once per padding column:
-    a hot spot. Measured on the H200 (results/run28): decode at 1 to 8 tokens, 16
+    a hot spot. Measured on the H200: decode at 1 to 8 tokens, 16
     columns (layout 3) 3 to 15 us per layer faster; prefill 1.3x to 1.9x (distinct
     rows instead of one). At 32 columns the mask costs gate_up 50 to 60 registers
     (sm_90a and sm_121a: 197 -> 254, spilling), so the decode kernels mask only

@@ -6,9 +6,10 @@ that kernel's results: griddepcontrol.wait returns once the previous kernel has
 finished and its writes are visible. A kernel calls pdl_launch_next when its
 programs are past their main loop: the next kernel's programs are then placed
 while the epilogues (the last-to-arrive sums, the router's top-k) run, instead
-of after them. (Session 2 tried both at every kernel's start: +6 us at one
-token, results/run9; MoeLaunchConfig.pdl.) Without PDL both return at once;
-with PDL off they are not even emitted.
+of after them. (Both at every kernel's start instead cost +6 us at one token
+on the H200, likely because early-placed programs that wait hold SM slots;
+MoeLaunchConfig.pdl.) Without PDL both return at once; with PDL off they are
+not even emitted.
 
 A kernel may read before its pdl_wait what the previous kernel's programs
 released before they launched it (pdl_release_then_launch_next), and what a

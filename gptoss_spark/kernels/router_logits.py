@@ -13,7 +13,7 @@ every gate_up program takes the top-k itself (moe_gate_up.py, ROUTE).
 
 Why M <= 32 costs the same as M = 1: tokens are the N side of a tensor-core
 dot padded to M_PAD (16 or 32) columns, and the weight is read once for all
-of them. cuBLAS picks a different, slower kernel at M = 2 (REFERENCE.md §3).
+of them. cuBLAS picks a different, slower kernel at M = 2 (docs/HARDWARE.md).
 """
 
 from __future__ import annotations

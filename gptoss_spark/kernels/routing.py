@@ -44,7 +44,7 @@ def topk_logits(partial_ptr, M, E, N_SPLIT: tl.constexpr, M_PAD: tl.constexpr, E
         # gpt-oss's top-4 at 1-4 tokens (at 1-2 in every gate_up program, before its loop): one
         # reduction of ranked lists of four (logit, index) pairs instead of four reductions one after
         # another, each waiting for the last: -0.2 us of gate_up at one token though it issues more
-        # instructions (results/run33). Each element is a list of itself and three placeholders, 8
+        # instructions (H200). Each element is a list of itself and three placeholders, 8
         # values, so only up to 4 rows (4 elements per thread); taller tiles take the rounds below.
         ninf = tl.full((M_PAD, E_PAD), float("-inf"), tl.float32)
         none = tl.full((M_PAD, E_PAD), E_PAD, tl.int32)  # a placeholder ranks after every expert
