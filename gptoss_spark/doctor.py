@@ -147,7 +147,8 @@ def run_checks(settings: Settings, venv: Path) -> list[Finding]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, FlashInfer modules, service")
+    p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, "
+                                      "FlashInfer modules, service")
     p.add_argument("--config")
     p.add_argument("--venv", default=sys.prefix, help="venv whose vLLM patches to check (default: this one)")
     p.add_argument("--json", action="store_true")

@@ -90,7 +90,8 @@ def _installed(settings: Settings, only_profiles: Iterable[str] | None = None) -
     if only_profiles:
         missing = sorted(set(only_profiles) - set(profiles))
         if missing:
-            raise FlashInferBuildError(f"unknown profile(s) {', '.join(missing)} (known: {', '.join(sorted(profiles))})")
+            raise FlashInferBuildError(f"unknown profile(s) {', '.join(missing)} "
+                                       f"(known: {', '.join(sorted(profiles))})")
         profiles = {k: v for k, v in profiles.items() if k in set(only_profiles)}
     if not profiles:
         dirs = ", ".join(str(d) for d in settings.paths.profile_dirs)
@@ -213,15 +214,18 @@ def build(settings: Settings, *, modules: Iterable[str] | None = None, profiles:
                 f"module(s) {', '.join(unknown)} are not needed by the installed profiles "
                 f"(they need: {', '.join(n.module.name for n in needs) or 'none'})")
         needs = [n for n in needs if n.module.name in wanted]
+    # Smallest first: a missing header or a broken toolkit shows in minutes, not after the hour-long MoE module.
+    needs.sort(key=lambda n: n.module.sources)
     for d in derivations:
         for note in d.notes:
-            say(f"  note ({d.profile}): {note.text}")
+            say(f"  {'warning' if note.gap else 'note'} ({d.profile}): {note.text}")
     if jobs is None:
         available = ProcMemorySource().read().available_bytes
         jobs = cache.jobs_for(available, cache.cores())
         how = f"MemAvailable {available / cache.GIB:.1f} GiB, {cache.cores()} cores"
-        if cache.jobs_for(available, cache.cores()) == 1 and available / cache.GIB < cache.RESERVE_GIB + cache.PER_JOB_GIB:
-            how += f"; less than {cache.RESERVE_GIB + cache.PER_JOB_GIB:.0f} GiB available, one job anyway"
+        one_job_gib = cache.RESERVE_GIB + cache.PER_JOB_GIB
+        if available / cache.GIB < one_job_gib:
+            how += f"; less than {one_job_gib:.0f} GiB available, one job anyway"
     else:
         how = "--jobs"
     say(f"FlashInfer {key.flashinfer} JIT modules: {len(needs)} for "
@@ -286,6 +290,7 @@ def link(settings: Settings, *, target: Path | None = None, say: Callable[[str],
                 "loads one prebuilt copy per name: give the profiles the same FLASHINFER_CUDA_ARCH_LIST")
         by_name[n.module.name] = n
     target.mkdir(parents=True, exist_ok=True)
+    os.chmod(target, 0o755)  # root makes it; the engine (the service user) must read it whatever root's umask
     linked = []
     for name, n in by_name.items():
         mdir = key.module_dir(cache_root, n.arch_list, name)

@@ -75,5 +75,5 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{r.profile:<10} {r.name:<24} {r.arch_list:<6} {state:<8} "
                   f"{'linked' if r.linked else 'not linked'}  {r.path}")
         for n in notes:
-            print(f"{'gap' if n.gap else 'note'}: {n.text}")
+            print(f"{'warning' if n.gap else 'note'}: {n.text}")
     return 0 if all(r.built for r in rows) else 1

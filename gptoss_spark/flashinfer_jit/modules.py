@@ -31,6 +31,7 @@ class JitModule:
     generator: str     # "python.module:function" returning the JitSpec (called with no arguments)
     sass: str          # SASS its .so carries for FLASHINFER_CUDA_ARCH_LIST=12.1a, as cuobjdump --list-elf names it
     why: str           # the vLLM path that loads it
+    sources: int       # how many files FlashInfer compiles for it: the build goes smallest first
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Derivation:
 #   -> gen_cutlass_fused_moe_sm120_module(False). Arch flags from FLASHINFER_CUDA_ARCH_LIST (majors [12]).
 FUSED_MOE = JitModule(
     "fused_moe_120", "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module", "sm_121a",
-    "--moe-backend flashinfer_cutlass: FlashInferExperts.apply -> flashinfer.fused_moe.cutlass_fused_moe")
+    "--moe-backend flashinfer_cutlass: FlashInferExperts.apply -> flashinfer.fused_moe.cutlass_fused_moe", 96)
 
 # vLLM: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format (model_executor/layers/fused_moe/oracle/mxfp4.py),
 #   branch FLASHINFER_CUTLASS_MXFP4_MXFP8 -> `from flashinfer import block_scale_interleave` on w13/w2 scales
@@ -63,10 +64,10 @@ FUSED_MOE = JitModule(
 #   it as sm_120), whatever FLASHINFER_CUDA_ARCH_LIST says.
 FP4_QUANT_120F = JitModule(
     "fp4_quantization_120f", "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120f_module", "sm_120",
-    "MXFP4 x MXFP8 CUTLASS MoE: weight scales interleaved at load by flashinfer.block_scale_interleave")
+    "MXFP4 x MXFP8 CUTLASS MoE: weight scales interleaved at load by flashinfer.block_scale_interleave", 7)
 FP4_QUANT_121 = JitModule(
     "fp4_quantization_121", "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm121_module", "sm_121a",
-    "MXFP4 x MXFP8 CUTLASS MoE: weight scales interleaved at load by flashinfer.block_scale_interleave")
+    "MXFP4 x MXFP8 CUTLASS MoE: weight scales interleaved at load by flashinfer.block_scale_interleave", 7)
 
 # vLLM: TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py, also v1/worker/gpu/sample/sampler.py) uses
 #   flashinfer_sample when flashinfer_sampler_supported() (CUDA, VLLM_USE_FLASHINFER_SAMPLER unset or 1,
@@ -75,7 +76,7 @@ FP4_QUANT_121 = JitModule(
 #   vLLM passes top_k as a tensor, so FlashInfer's radix top-k fast path (int k only) is not taken.
 SAMPLING = JitModule(
     "sampling", "flashinfer.jit.sampling:gen_sampling_module", "sm_121a",
-    "FlashInfer top-k/top-p sampler (vLLM's default on CUDA; any request with top_k or top_p)")
+    "FlashInfer top-k/top-p sampler (vLLM's default on CUDA; any request with top_k or top_p)", 3)
 
 # Not an nvcc module: MoEPrepareAndFinalizeNoDPEPModular.prepare -> moe_kernel_quantize_input("mxfp8")
 # -> mxfp8_utils._mxfp8_e4m3_quantize_impl -> flashinfer.mxfp8_quantize(..., backend="cute-dsl").

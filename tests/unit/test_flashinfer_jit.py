@@ -176,7 +176,7 @@ def test_build_progress_total_and_second_run_is_a_no_op(tmp_path, monkeypatch, f
     calls, lines = [], []
     monkeypatch.setattr(fb, "_run_worker", _fake_worker(calls))
     report = fb.build(s, jobs=2, say=lines.append)
-    assert [c[0] for c in calls] == ["fused_moe_120", "fp4_quantization_120f", "sampling"]
+    assert [c[0] for c in calls] == ["sampling", "fp4_quantization_120f", "fused_moe_120"]   # smallest first
     env = calls[0][1]
     assert env["MAX_JOBS"] == "2" and env["FLASHINFER_CUDA_ARCH_LIST"] == "12.1a"
     assert env["FLASHINFER_NVCC_THREADS"] == "1" and env["CUDA_HOME"]
@@ -184,8 +184,8 @@ def test_build_progress_total_and_second_run_is_a_no_op(tmp_path, monkeypatch, f
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)   # ninja
     text = "\n".join(lines)
     assert "3 for 12.1a, 2 job(s) (--jobs)" in text
-    assert "[1/3] fused_moe_120 (12.1a, for plain, spec): building; log " in text
-    assert "[3/3] sampling: built in 12.5 s, peak 3.0 GiB in one process" in text
+    assert "[3/3] fused_moe_120 (12.1a, for plain, spec): building; log " in text
+    assert "[1/3] sampling: built in 12.5 s, peak 3.0 GiB in one process" in text
     assert lines[-1].startswith("FlashInfer: 3 module(s) ready (3 built, 0 already there) in ")
     assert all(r.state == "built" for r in report.results)
     marker = json.loads((KEY.module_dir(s.cache_dir / "flashinfer", "12.1a", "sampling")
@@ -219,11 +219,11 @@ def test_failed_module_is_one_line_with_the_module_and_its_log(tmp_path, monkeyp
     with pytest.raises(fb.FlashInferBuildError) as e:
         fb.build(s, jobs=1, say=lambda _: None)
     msg = str(e.value)
-    log = fb.log_path(s, KEY, fb.Needed("12.1a", FUSED_MOE))
-    assert msg == f"FlashInfer module fused_moe_120 did not build (exit 1); see {log}"
+    log = fb.log_path(s, KEY, fb.Needed("12.1a", SAMPLING))
+    assert msg == f"FlashInfer module sampling did not build (exit 1); see {log}"
     assert e.value.exit_code == EXIT_FLASHINFER == 27
-    assert calls and [c[0] for c in calls] == ["fused_moe_120"]        # stopped at the first failure
-    assert not (KEY.module_dir(s.cache_dir / "flashinfer", "12.1a", "fused_moe_120") / cache.BUILT_MARKER).exists()
+    assert [c[0] for c in calls] == ["sampling"]        # stopped at the first failure
+    assert not (KEY.module_dir(s.cache_dir / "flashinfer", "12.1a", "sampling") / cache.BUILT_MARKER).exists()
 
 
 def test_unknown_module_and_missing_profiles_are_one_line_errors(tmp_path, fixed_key):

@@ -60,7 +60,8 @@ def test_cutlass_moe_is_flashinfers_cutlass_fused_moe_with_mxfp8_activation_scal
     assert keyword(call, "use_mxfp8_act_scaling") == "use_mxfp8_act_scaling"
     wrappers = {ast.unparse(n.targets[0]): ast.unparse(n.value)
                 for n in ast.parse(vllm_file("utils/flashinfer.py").read_text()).body if isinstance(n, ast.Assign)}
-    assert wrappers["flashinfer_cutlass_fused_moe"] == "_lazy_import_wrapper('flashinfer.fused_moe', 'cutlass_fused_moe')"
+    assert wrappers["flashinfer_cutlass_fused_moe"] == (
+        "_lazy_import_wrapper('flashinfer.fused_moe', 'cutlass_fused_moe')")
 
 
 def test_flashinfer_cutlass_backend_selects_the_mxfp8_variant_and_flashinfer_experts():
@@ -169,7 +170,7 @@ ALL = (modules.FUSED_MOE, modules.FP4_QUANT_120F, modules.FP4_QUANT_121, modules
 def test_each_generator_produces_its_module_for_its_sass(probe, m):
     key, root, out = probe
     g = out["generators"][m.generator]
-    assert g["name"] == m.name
+    assert g["name"] == m.name and g["sources"] == m.sources
     assert g["gencode"] == [GENCODE[m.sass]]
     assert Path(g["library"]) == key.module_dir(root, "12.1a", m.name) / f"{m.name}.so"   # our layout = FlashInfer's
 
