@@ -100,8 +100,11 @@ def check_flashinfer(settings: Settings, profile: Profile | None) -> list[Findin
     """The kernel caches the active profile needs: each FlashInfer JIT module, built or missing, for which arch."""
     if profile is None:
         return [Finding("flashinfer", WARN, "no active profile to list FlashInfer modules for")]
+    from .flashinfer_jit import cache
     from .flashinfer_jit.build import status
 
+    if cache.dist_version(cache.FLASHINFER_DIST) is None:
+        return [Finding("flashinfer", OK, "flashinfer-python is not in this venv (the CPU engine uses none)")]
     rows, notes = status(settings, {profile.name: profile})
     findings = []
     for r in rows:

@@ -66,7 +66,12 @@ def torch_cuda_version() -> str | None:
 
 
 def derive_profile(profile: Profile, settings: Settings, torch_cuda: str | None) -> Derivation:
-    return derive(profile.name, profile.engine_args(settings), profile.engine_env(settings), torch_cuda=torch_cuda)
+    d = derive(profile.name, profile.engine_args(settings), profile.engine_env(settings), torch_cuda=torch_cuda)
+    try:
+        cache.arch_dir_name(d.arch_list)
+    except ValueError as e:
+        raise FlashInferBuildError(f"{profile.source}: engine.env.FLASHINFER_CUDA_ARCH_LIST: {e}") from None
+    return d
 
 
 @dataclass
@@ -124,6 +129,9 @@ def worker_env(key: cache.CacheKey, settings: Settings, arch_list: str, jobs: in
         # FlashInfer runs `ninja` from PATH; the ninja wheel puts it beside this interpreter.
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)]),
         "PYTHONUNBUFFERED": "1",
+        # As the engine has it: whatever FlashInfer's imports cache under ~ lands in the state dir, not in
+        # the HOME of whoever ran setpriv.
+        "XDG_CACHE_HOME": settings.cache_env()["XDG_CACHE_HOME"],
     })
     return env
 

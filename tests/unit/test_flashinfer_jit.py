@@ -94,8 +94,8 @@ def test_flag_value_last_wins_in_both_spellings():
 # ---------------------------------------------------------------- parallelism, key, layout
 
 @pytest.mark.parametrize("available_gib, cores, jobs", [
-    (110, 20, 11),   # a Spark before the engine: floor((110 - 8) / 9) = 11 of 20 cores
-    (35, 20, 3),     # the same Spark with a profile running (MemAvailable ~35 GiB)
+    (110, 20, 10),   # a Spark before the engine: floor((110 - 8) / 10) = 10 of 20 cores
+    (35, 20, 2),     # the same Spark with a profile running (MemAvailable ~35 GiB)
     (300, 20, 20),   # cores bound
     (22, 2, 1),      # this dev box
     (10, 16, 1),     # less than one job's worth: still one
@@ -105,9 +105,9 @@ def test_jobs_rule(available_gib, cores, jobs):
 
 
 def test_engine_jobs_count_what_the_profile_leaves():
-    # 119 GiB available before the engine starts, plain expects 84: floor((35 - 8) / 9) = 3
-    assert cache.engine_jobs(119 * GIB, 20, 84) == 3
-    assert cache.engine_jobs(119 * GIB, 20, 0) == 12
+    # 119 GiB available before the engine starts, plain expects 84: floor((35 - 8) / 10) = 2
+    assert cache.engine_jobs(119 * GIB, 20, 84) == 2
+    assert cache.engine_jobs(119 * GIB, 20, 0) == 11
 
 
 def test_nvcc_version_and_arch_dir():
@@ -180,6 +180,7 @@ def test_build_progress_total_and_second_run_is_a_no_op(tmp_path, monkeypatch, f
     env = calls[0][1]
     assert env["MAX_JOBS"] == "2" and env["FLASHINFER_CUDA_ARCH_LIST"] == "12.1a"
     assert env["FLASHINFER_NVCC_THREADS"] == "1" and env["CUDA_HOME"]
+    assert env["XDG_CACHE_HOME"] == s.cache_env()["XDG_CACHE_HOME"]
     assert env["FLASHINFER_WORKSPACE_BASE"] == str(KEY.workspace_base(s.cache_dir / "flashinfer"))
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)   # ninja
     text = "\n".join(lines)
@@ -237,6 +238,14 @@ def test_unknown_module_and_missing_profiles_are_one_line_errors(tmp_path, fixed
         fb.build(empty, say=lambda _: None)
 
 
+def test_arch_list_without_suffix_is_a_one_line_error(tmp_path, fixed_key):
+    s = settings(tmp_path, profiles=("spec",))
+    p = tmp_path / "profiles" / "spec.toml"
+    p.write_text(p.read_text().replace('FLASHINFER_CUDA_ARCH_LIST = "12.1a"', 'FLASHINFER_CUDA_ARCH_LIST = "12.1"'))
+    with pytest.raises(fb.FlashInferBuildError, match=r"spec.toml: engine.env.FLASHINFER_CUDA_ARCH_LIST: .*'12.1'.*12.1a"):
+        fb.build(s, say=lambda _: None)
+
+
 def test_no_toolkit_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     with pytest.raises(fb.FlashInferBuildError, match=r"^cannot build FlashInfer modules: no working nvcc at "):
@@ -288,6 +297,13 @@ def test_status_and_doctor_list_each_module_of_the_active_profile(tmp_path, monk
     rows, _ = fb.status(s)
     assert {(r.profile, r.name, r.built, r.linked) for r in rows} >= {("spec", "sampling", True, True),
                                                                      ("spec", "fp4_quantization_120f", False, False)}
+
+
+def test_doctor_on_a_venv_without_flashinfer_says_so_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "dist_version", lambda name: None)
+    findings = check_flashinfer(settings(tmp_path), shipped("plain"))
+    assert [(f.level, f.detail) for f in findings] == [
+        (OK, "flashinfer-python is not in this venv (the CPU engine uses none)")]
 
 
 # ---------------------------------------------------------------- the engine's environment
