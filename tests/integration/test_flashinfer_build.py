@@ -86,6 +86,12 @@ def test_sampling_module_builds_for_sm121a_and_a_second_build_is_a_no_op(setup):
     archs = set(re.findall(r"\.(sm_\w+)\.cubin", elf))
     assert archs == {"sm_121a"}, elf
     print(f"\nfirst build of sampling: {first:.1f} s")  # the CI cost, shown with -s
+    # It loads as the engine loads it (tvm_ffi.load_module), no GPU needed for that, and has the sampler.
+    load = subprocess.run([sys.executable, "-c", "import sys, tvm_ffi; m = tvm_ffi.load_module(sys.argv[1]); "
+                           "print(m.top_k_mask_logits, m.top_p_sampling_from_probs)", str(so)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**env, "LD_LIBRARY_PATH": str(CUDA_HOME / "lib64")})
+    assert load.returncode == 0 and load.stdout.split() == ["ffi.Function", "ffi.Function"], load.stderr[-2000:]
 
     so_mtime = so.stat().st_mtime_ns
     r2, second = gs_build(cfg, env)
