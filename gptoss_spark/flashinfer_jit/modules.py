@@ -151,13 +151,9 @@ def derive(profile: str, args: Sequence[str], env: Mapping[str, str], *, torch_c
                           "derived here (name flashinfer_cutlass with MXFP8 activations, or a non-FlashInfer backend)",
                           gap=True))
 
-    # Sampling.
-    sampler = env.get("VLLM_USE_FLASHINFER_SAMPLER")
-    if sampler is not None and sampler.strip() == "0":
-        pass
-    elif flag_value(args, "--logprobs-mode") in PROCESSED_LOGPROBS_MODES:
-        pass
-    else:
+    # Sampling: off with VLLM_USE_FLASHINFER_SAMPLER=0, or a logprobs mode FlashInfer cannot return.
+    sampler_off = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip() == "0"
+    if not sampler_off and flag_value(args, "--logprobs-mode") not in PROCESSED_LOGPROBS_MODES:
         modules.append(SAMPLING)
 
     # Attention.
