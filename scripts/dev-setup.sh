@@ -27,9 +27,10 @@ libcuda_dir=.venv/opt/libcuda1
 if [ ! -e "$libcuda_dir/libcuda.so" ] && [ -f /etc/apt/sources.list.d/debian.sources ] \
    && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
   tmp=$(mktemp -d)
-  mkdir -p "$tmp/parts" "$tmp/lists/partial" "$tmp/x"
+  mkdir -p "$tmp/parts" "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/x"
   sed 's/^Components:.*/Components: non-free/' /etc/apt/sources.list.d/debian.sources > "$tmp/parts/non-free.sources"
   apt_opts=(-o Dir::Etc::sourcelist=/dev/null -o Dir::Etc::sourceparts="$tmp/parts" -o Dir::State::Lists="$tmp/lists"
+            -o Dir::Cache="$tmp/cache" -o Dir::State::status=/var/lib/dpkg/status
             -o APT::Sandbox::User=root -qq)
   if apt-get "${apt_opts[@]}" update && (cd "$tmp" && apt-get "${apt_opts[@]}" download libcuda1); then
     dpkg-deb -x "$tmp"/libcuda1_*.deb "$tmp/x"
