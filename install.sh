@@ -132,6 +132,10 @@ status "Configuration in /etc/gptoss-spark (never overwritten)"
 step config --source "$SRC" "${MODE[@]}" "${DRY[@]}"
 step token "${DRY[@]}"
 
+# After the configuration (its profiles decide the modules), before the switch; a no-op with a warm cache.
+[ "$CPU" = 1 ] || status "FlashInfer JIT modules for the profiles"
+step flashinfer --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
+
 status "systemd unit"
 UNIT="$(step unit --source "$SRC" "${DRY[@]}")"
 run systemctl daemon-reload

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "gptoss_spark.demo_model",
     "gptoss_spark.patching",
     "gptoss_spark.kernels.cli",
+    "gptoss_spark.flashinfer_jit.cli",
     "gptoss_spark.doctor",
 )
 

@@ -96,6 +96,32 @@ def check_gpu() -> Finding:
                    + ("" if level == OK else " (the profiles are tuned for a DGX Spark, 12.1)"))
 
 
+def check_flashinfer(settings: Settings, profile: Profile | None) -> list[Finding]:
+    """The kernel caches the active profile needs: each FlashInfer JIT module, built or missing, for which arch."""
+    if profile is None:
+        return [Finding("flashinfer", WARN, "no active profile to list FlashInfer modules for")]
+    from .flashinfer_jit import cache
+    from .flashinfer_jit.build import status
+
+    if cache.dist_version(cache.FLASHINFER_DIST) is None:
+        return [Finding("flashinfer", OK, "flashinfer-python is not in this venv (the CPU engine uses none)")]
+    rows, notes = status(settings, {profile.name: profile})
+    findings = []
+    for r in rows:
+        if r.built and r.linked:
+            findings.append(Finding("flashinfer", OK, f"{r.name} for {r.arch_list}: built, linked into this venv"))
+        elif r.built:
+            findings.append(Finding("flashinfer", WARN, f"{r.name} for {r.arch_list}: built at {r.path} but not "
+                                    "linked into this venv (run install.sh again)"))
+        else:
+            findings.append(Finding("flashinfer", WARN, f"{r.name} for {r.arch_list}: missing; the engine compiles "
+                                    "it at its first start (run `gptoss-spark flashinfer build` as gptoss-spark)"))
+    if not rows:
+        findings.append(Finding("flashinfer", OK, f"profile {profile.name} loads no FlashInfer JIT module"))
+    findings += [Finding("flashinfer", WARN if n.gap else OK, n.text) for n in notes]
+    return findings
+
+
 def check_service(settings: Settings) -> Finding:
     host = "127.0.0.1" if settings.admin.host in ("0.0.0.0", "::") else settings.admin.host
     try:
@@ -114,16 +140,18 @@ def check_service(settings: Settings) -> Finding:
 
 def run_checks(settings: Settings, venv: Path) -> list[Finding]:
     findings = [Finding("settings", OK, str(settings.source or "defaults"))]
-    profile_finding, _ = check_profile(settings)
+    profile_finding, profile = check_profile(settings)
     checks: list[Callable[[], Finding]] = [
         lambda: profile_finding, lambda: check_tiktoken(settings), lambda: check_patches(venv),
         lambda: check_memory(settings), check_gpu, lambda: check_service(settings)]
     findings += [c() for c in checks]
+    findings[-1:-1] = check_flashinfer(settings, profile)  # before the service line
     return findings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, service")
+    p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, "
+                                      "FlashInfer modules, service")
     p.add_argument("--config")
     p.add_argument("--venv", default=sys.prefix, help="venv whose vLLM patches to check (default: this one)")
     p.add_argument("--json", action="store_true")
@@ -141,5 +169,5 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(f) for f in findings], indent=2))
     else:
         for f in findings:
-            print(f"{f.level:<5} {f.check:<9} {f.detail}")
+            print(f"{f.level:<5} {f.check:<10} {f.detail}")
     return 1 if any(f.level == FAIL for f in findings) else 0

@@ -22,6 +22,8 @@ import structlog
 
 from .config import Settings
 from .exit_reason import describe_exit
+from .flashinfer_jit import cache as fi_cache
+from .memory import ProcMemorySource
 from .profiles import Profile
 
 log = structlog.get_logger("gptoss_spark.engine")
@@ -70,6 +72,7 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
     for k in _SUPERVISOR_ONLY_ENV:
         env.pop(k, None)
     env.update(settings.cache_env())
+    env.update(flashinfer_env(settings, profile, env))
     env.update({
         "TMPDIR": str(tmpdir),
         "PYTHONUNBUFFERED": "1",
@@ -85,6 +88,22 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
         env["VLLM_API_KEY"] = key
     env.update(profile.engine_env(settings))
     return env
+
+
+def flashinfer_env(settings: Settings, profile: Profile, environ: dict[str, str]) -> dict[str, str]:
+    """CUDA_HOME, ninja on PATH, the keyed FlashInfer workspace and a bounded MAX_JOBS (flashinfer_jit/cache.py).
+
+    The key is the supervisor's own venv's FlashInfer (the engine runs from the same
+    venv); without FlashInfer (the CPU build) the workspace stays cache_env()'s.
+    """
+    try:
+        key: fi_cache.CacheKey | None = fi_cache.current_key(environ)
+    except fi_cache.NoCacheKey:
+        key = None
+    python_bin = Path(settings.engine.python or sys.executable).parent
+    return fi_cache.engine_env(settings.cache_dir / "flashinfer", key, python_bin, environ,
+                               available_bytes=ProcMemorySource().read().available_bytes,
+                               cores=fi_cache.cores(), profile_memory_gib=profile.memory_gib)
 
 
 def _session_members(sid: int) -> list[int]:

@@ -22,6 +22,28 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null;
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
+# The FlashInfer build test links a module the way FlashInfer does (-lcuda), and this box has no GPU
+# driver. libcuda.so comes from Debian's libcuda1 (the non-free component of the same archive the
+# system uses), unpacked into the venv: nothing is installed or configured system-wide.
+libcuda_dir=.venv/opt/libcuda1
+if [ ! -e "$libcuda_dir/libcuda.so" ] && [ -f /etc/apt/sources.list.d/debian.sources ] \
+   && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/parts" "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/x"
+  sed 's/^Components:.*/Components: non-free/' /etc/apt/sources.list.d/debian.sources > "$tmp/parts/non-free.sources"
+  apt_opts=(-o Dir::Etc::sourcelist=/dev/null -o Dir::Etc::sourceparts="$tmp/parts" -o Dir::State::Lists="$tmp/lists"
+            -o Dir::Cache="$tmp/cache" -o Dir::State::status=/var/lib/dpkg/status
+            -o APT::Sandbox::User=root -qq)
+  if apt-get "${apt_opts[@]}" update && (cd "$tmp" && apt-get "${apt_opts[@]}" download libcuda1); then
+    dpkg-deb -x "$tmp"/libcuda1_*.deb "$tmp/x"
+    mkdir -p "$libcuda_dir"
+    cp -a "$tmp"/x/usr/lib/*/nvidia/current/libcuda.so* "$libcuda_dir/"
+  else
+    echo "dev-setup: could not fetch Debian's libcuda1; tests/integration/test_flashinfer_build.py will skip" >&2
+  fi
+  rm -rf "$tmp"
+fi
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

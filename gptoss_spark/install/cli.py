@@ -122,6 +122,12 @@ def cmd_assets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flashinfer(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    venvs.prebuild_flashinfer(layout, layout.venvs_dir / args.venv_id, cpu=args.cpu, log=_say, dry_run=args.dry_run)
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     layout = _layout(args)
     placed = placement.place_config(layout, _source(args), cpu=args.cpu, dry_run=args.dry_run)
@@ -252,6 +258,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--venv-id", required=True)
     step("config", cmd_config, "config and profiles, only if absent (.dist beside)", source=True, mode=True)
     step("token", cmd_token, "admin token, only if absent")
+    sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
+    sp.add_argument("--venv-id", required=True)
     step("unit", cmd_unit, "install the systemd unit file", source=True)
     sp = step("switch", cmd_switch, "atomically point current at a built venv")
     sp.add_argument("venv_id")

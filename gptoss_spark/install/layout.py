@@ -37,6 +37,7 @@ EXIT_ASSETS = 23        # tiktoken file / demo model could not be prepared
 EXIT_START = 24         # the service did not become ready (previous install restored)
 EXIT_NO_PREVIOUS = 25   # --rollback with no previous install to go back to
 EXIT_NOT_INSTALLED = 26
+EXIT_FLASHINFER = 27     # FlashInfer JIT modules did not build or link
 
 
 class InstallError(UserError):

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .layout import (EXIT_ASSETS, EXIT_KERNELS, EXIT_NO_PREVIOUS, EXIT_PATCHES, EXIT_VENV, InstallError,
-                     SERVICE, Layout)
+from .layout import (EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_NO_PREVIOUS, EXIT_PATCHES, EXIT_VENV,
+                     InstallError, SERVICE, Layout)
 from .locks import CPU_UNWANTED, LockTarget
 
 COMPLETE_MARKER = ".complete"
@@ -235,6 +235,14 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner, probe: Runner |
     return True
 
 
+# Commands that write the engine's caches run as the service user, so the engine can read and add to them.
+AS_SERVICE = ("setpriv", f"--reuid={SERVICE}", f"--regid={SERVICE}", "--init-groups")
+
+
+def _config_args(layout: Layout) -> list[str]:
+    return ["--config", str(layout.config_file)] if layout.config_file.is_file() else []
+
+
 def _step(ok: bool, message: str, code: int) -> None:
     if not ok:
         raise InstallError(message, code)
@@ -302,13 +310,43 @@ def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], Non
             log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
             # As the service user, with the settings the service will read: the cache lands where
             # the engine looks (TRITON_CACHE_DIR under state_dir) and the engine can add to it.
-            cfg = ["--config", str(plan.layout.config_file)] if plan.layout.config_file.is_file() else []
-            as_service = ["setpriv", f"--reuid={SERVICE}", f"--regid={SERVICE}", "--init-groups"]
-            _step(run([*as_service, gs, "kernels", "build", "--arch", KERNEL_ARCH, *cfg]) == 0,
+            _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *_config_args(plan.layout)]) == 0,
                   "the ahead-of-time kernel build failed (see above); the previous install is untouched",
                   EXIT_KERNELS)
         else:
             log("  kernels: this version has no `gptoss-spark kernels`; skipped")
+
+
+def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = default_runner,
+                        probe: Runner | None = None, log: Callable[[str], None] = print, dry_run: bool = False) -> None:
+    """On a Spark: compile FlashInfer's JIT modules for the installed profiles, then link them into the venv.
+
+    Runs after the configuration is in place (the profiles decide the modules) and
+    before the switch, on every install: with a warm cache it compiles nothing.
+    The build runs as the service user into the engine's cache under the state dir
+    (gptoss_spark/flashinfer_jit); the link, into the root-owned venv, as root.
+    A failure leaves `current` and the running service as they were.
+    """
+    if cpu:
+        log("  FlashInfer: not part of the --cpu engine; skipped")
+        return
+    gs = str(venv / "bin" / "gptoss-spark")
+    if dry_run:
+        log(f"  would compile the profiles' FlashInfer JIT modules as {SERVICE} into "
+            f"{layout.real(layout.state_dir)}/cache/flashinfer and link them into {layout.real(venv)}")
+        return
+    probe = probe or _quiet_runner(run)
+    if not has_subcommand(venv, "flashinfer", probe):
+        log("  FlashInfer: this version has no `gptoss-spark flashinfer`; skipped")
+        return
+    log("  compiling FlashInfer's JIT modules for the installed profiles (a first install: long, see docs/INSTALL.md)")
+    cfg = _config_args(layout)
+    _step(run([*AS_SERVICE, gs, "flashinfer", "build", *cfg]) == 0,
+          "the FlashInfer JIT build failed (the line above names the module and its log); "
+          "the previous install is untouched", EXIT_FLASHINFER)
+    _step(run([gs, "flashinfer", "link", *cfg]) == 0,
+          f"could not link the FlashInfer modules into {venv} (see above); the previous install is untouched",
+          EXIT_FLASHINFER)
 
 
 def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = default_runner,

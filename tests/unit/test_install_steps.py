@@ -407,6 +407,7 @@ def test_every_step_dry_run_changes_nothing(lay, src):
     for args in (["dirs", "--dry-run"], ["build", "--source", s, "--cpu", "--dry-run"],
                  ["assets", "--venv-id", "x", "--cpu", "--dry-run"],
                  ["config", "--source", s, "--cpu", "--dry-run"], ["token", "--dry-run"],
+                 ["flashinfer", "--venv-id", "x", "--dry-run"], ["flashinfer", "--venv-id", "x", "--cpu", "--dry-run"],
                  ["unit", "--source", s, "--dry-run"], ["switch", "zzz", "--dry-run"], ["link", "--dry-run"],
                  ["uninstall", "--purge", "--dry-run"]):
         r = run_cli(lay, *args)
