@@ -9,21 +9,39 @@ decode kernels, more (prefill chunks) the prefill kernels (moe_prefill.py).
 The token-count dispatch happens inside the op, so torch.compile never traces
 a branch on the batch size.
 
-Importing this module registers them (the vLLM plugin does so in every process).
+Importing this module registers them (the vLLM plugin does so in every process):
+for CUDA tensors, and under TRITON_INTERPRET=1 for CPU tensors too (Triton's
+interpreter runs the kernels there; CI serves a model through them so).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from .moe import MAX_DECODE_TOKENS, fused_moe_decode, layout_version
 from .moe_prefill import moe_prefill_block
 from .router_logits import router_logits_partial
+from .runtime import interpreting
 
 LIB = "gptoss_spark"
+# Without the interpreter Triton cannot launch on a CPU tensor: no CPU kernel is registered then.
+DEVICE_TYPES = ("cuda", "cpu") if interpreting() else "cuda"
+# moe_block_any's calls per path in this process, the first of each logged (the vLLM plugin shows
+# this package's log in the engine's). Python runs at eager calls and CUDA-graph captures, not at
+# graph replays.
+CALLS = {"decode": 0, "prefill": 0}
+log = logging.getLogger(__name__)
 
 
-@torch.library.custom_op(f"{LIB}::moe_decode", mutates_args=(), device_types="cuda")
+def _ran(path: str, m: int) -> None:
+    CALLS[path] += 1
+    if CALLS[path] == 1:
+        log.info("gptoss-spark MoE kernels: %s path ran (first call: %d tokens)", path, m)
+
+
+@torch.library.custom_op(f"{LIB}::moe_decode", mutates_args=(), device_types=DEVICE_TYPES)
 def moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
                w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
@@ -35,7 +53,7 @@ def _moe_decode_fake(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op(f"{LIB}::router_logits", mutates_args=(), device_types="cuda")
+@torch.library.custom_op(f"{LIB}::router_logits", mutates_args=(), device_types=DEVICE_TYPES)
 def router_logits(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None) -> torch.Tensor:
     return router_logits_partial(x.contiguous(), router_w, router_b, split_k=1)[0]
 
@@ -50,12 +68,14 @@ def moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) 
     the prefill kernels, which read each expert once per block of its (token, k) pairs
     (PrefillConfig.block_m) rather than once per 32 tokens (docs/KERNELS.md, "Prefill")."""
     if x.shape[0] <= MAX_DECODE_TOKENS:
+        _ran("decode", x.shape[0])
         return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+    _ran("prefill", x.shape[0])
     return moe_prefill_block(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k,
                              mma=layout_version(x.device))
 
 
-@torch.library.custom_op(f"{LIB}::moe_block", mutates_args=(), device_types="cuda")
+@torch.library.custom_op(f"{LIB}::moe_block", mutates_args=(), device_types=DEVICE_TYPES)
 def moe_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
               w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
               w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
