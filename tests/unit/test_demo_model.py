@@ -80,7 +80,7 @@ def test_config_values(demo_model_dir):
     assert cfg["vocab_size"] == 201088
     assert cfg["layer_types"] == ["sliding_attention", "full_attention"]
     assert cfg["rope_parameters"]["rope_type"] == "yarn"
-    assert "quantization_config" not in cfg  # bf16: MXFP4 does not load on these CPUs
+    assert "quantization_config" not in cfg  # bf16 experts by default: MXFP4 does not load on these CPUs
     assert cfg["eos_token_id"] == 200002 and cfg["pad_token_id"] == 199999
 
     gen = json.loads((demo_model_dir / "generation_config.json").read_text())
@@ -109,6 +109,73 @@ def test_marker_and_files(demo_model_dir):
         assert p.is_file(), name
         assert p.stat().st_mode & 0o044 == 0o044, f"{name} must be readable by the service user"
     tf.verify_tiktoken_file(demo_model_dir / tf.FILE_NAME)
+
+
+# --- MXFP4 experts ----------------------------------------------------------------
+
+EXPERTS = [f"model.layers.{n}.mlp.experts.{m}" for n in range(2) for m in dm.EXPERT_MATRICES]
+
+
+def _tensors(d: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(d / "model.safetensors")
+
+
+def test_mxfp4_experts_as_the_published_checkpoints_store_them(demo_model_mxfp4_dir, demo_model_dir):
+    """*_blocks [E, N, K/32, 16] and *_scales [E, N, K/32] uint8 of W^T, quantized by gptoss_spark.mxfp4
+    from the bf16 model of the same seed (the bytes vLLM's quantizer writes), and the published
+    quantization_config; everything but the experts is the bf16 model's."""
+    import torch
+
+    from gptoss_spark.mxfp4 import quantize_mxfp4
+
+    cfg = json.loads((demo_model_mxfp4_dir / "config.json").read_text())
+    assert cfg["quantization_config"] == {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+        "quant_method": "mxfp4",
+    }
+    q, bf16 = _tensors(demo_model_mxfp4_dir), _tensors(demo_model_dir)
+    e, h, i = 4, 64, 128
+    for name in EXPERTS:
+        n, k = (2 * i, h) if name.endswith("gate_up_proj") else (h, i)
+        blocks, scales = q[f"{name}_blocks"], q[f"{name}_scales"]
+        assert (blocks.dtype, tuple(blocks.shape)) == (torch.uint8, (e, n, k // 32, 16))
+        assert (scales.dtype, tuple(scales.shape)) == (torch.uint8, (e, n, k // 32))
+        packed, want_scales = quantize_mxfp4(bf16[name].transpose(1, 2).float())
+        assert torch.equal(blocks.flatten(-2), packed) and torch.equal(scales, want_scales)
+        assert name not in q
+        bias = q[f"{name}_bias"]
+        assert bias.dtype == torch.bfloat16 and bias.abs().max() > 0  # random: the kernels' bias adds count
+    assert {k for k in q if "experts" not in k} == {k for k in bf16 if "experts" not in k}
+    assert all(torch.equal(q[k], bf16[k]) for k in q if "experts" not in k)
+
+
+def test_mxfp4_as_bf16_holds_the_same_values(demo_model_mxfp4_dir, demo_model_mxfp4_as_bf16_dir):
+    import torch
+
+    from gptoss_spark.mxfp4 import dequantize_mxfp4
+
+    q, b = _tensors(demo_model_mxfp4_dir), _tensors(demo_model_mxfp4_as_bf16_dir)
+    for name in EXPERTS:
+        exact = dequantize_mxfp4(q[f"{name}_blocks"].flatten(-2), q[f"{name}_scales"], torch.float32)
+        assert b[name].dtype == torch.bfloat16 and torch.equal(b[name].float(), exact.transpose(1, 2))
+        assert f"{name}_blocks" not in b
+    assert all(torch.equal(b[k], q[k]) for k in b if k not in EXPERTS)
+    assert "quantization_config" not in json.loads((demo_model_mxfp4_as_bf16_dir / "config.json").read_text())
+    marker = json.loads((demo_model_mxfp4_as_bf16_dir / dm.MARKER_NAME).read_text())
+    assert marker["experts"] == "mxfp4-as-bf16"
+    assert dm.is_complete(demo_model_mxfp4_as_bf16_dir, 0, "mxfp4-as-bf16")
+    assert not dm.is_complete(demo_model_mxfp4_as_bf16_dir, 0, "mxfp4")
+    assert not dm.is_complete(demo_model_mxfp4_as_bf16_dir, 0)
+
+
+def test_unknown_expert_format_is_one_line(tmp_path):
+    with pytest.raises(dm.DemoModelError) as e:
+        dm.make_demo_model(tmp_path / "m", experts="fp8")
+    assert "\n" not in str(e.value) and "bf16, mxfp4, mxfp4-as-bf16" in str(e.value)
+    assert not (tmp_path / "m").exists()
 
 
 # --- tokenizer ----------------------------------------------------------------
@@ -232,7 +299,7 @@ def fake_builders(monkeypatch):
         for n in ("tokenizer.json", "tokenizer_config.json"):
             (out / n).write_text("{}")
 
-    def fake_weights(out, seed):
+    def fake_weights(out, seed, experts="bf16"):
         calls.append(seed)
         for n in ("config.json", "model.safetensors", "generation_config.json"):
             (out / n).write_text(json.dumps({"seed": seed}))
@@ -259,7 +326,7 @@ def test_failed_build_leaves_old_model_and_no_temp(tmp_path, fake_builders, monk
     out = tmp_path / "m"
     dm.make_demo_model(out, seed=1)
 
-    def boom(out_, seed):
+    def boom(out_, seed, experts="bf16"):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(dm, "_write_weights", boom)
@@ -302,3 +369,11 @@ def test_cli_demo_model(tmp_path, fake_builders, capsys):
     assert args.func(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     assert dm.is_complete(tmp_path / "cli", 5)
+
+
+def test_cli_demo_model_experts(tmp_path, fake_builders):
+    args = build_parser().parse_args(["demo-model", str(tmp_path / "q"), "--experts", "mxfp4"])
+    assert args.func(args) == 0
+    assert dm.is_complete(tmp_path / "q", 0, "mxfp4") and not dm.is_complete(tmp_path / "q", 0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo-model", str(tmp_path / "x"), "--experts", "fp8"])

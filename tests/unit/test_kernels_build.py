@@ -150,26 +150,65 @@ def test_plugin_entry_point_declared():
 
 
 def test_plugin_patches_vllm_gpt_oss():
-    """With GPTOSS_SPARK_MOE=triton the plugin swaps gpt-oss's MoE block; unset it touches nothing."""
+    """With GPTOSS_SPARK_MOE=triton the plugin swaps gpt-oss's MoE block; unset it touches nothing. On vLLM's
+    CPU platform (this host) also the MXFP4 method's backend selection and the router's weight packing,
+    and the custom ops take CPU tensors (TRITON_INTERPRET=1, set before triton is imported)."""
     pytest.importorskip("vllm")
     r = run_py("""
         from vllm.model_executor.layers.quantization import mxfp4
         from vllm.model_executor.models import gpt_oss
-        orig = (gpt_oss.MLPBlock.forward, mxfp4.GptOssMxfp4MoEMethod.process_weights_after_loading)
+        from vllm.platforms import current_platform
+        assert current_platform.is_cpu()
+        method = mxfp4.GptOssMxfp4MoEMethod
+        orig = (gpt_oss.MLPBlock.forward, gpt_oss.MLPBlock.__init__, method.process_weights_after_loading,
+                method.__init__)
         from gptoss_spark.kernels import vllm_plugin
         import os
         os.environ.pop("GPTOSS_SPARK_MOE", None)
         vllm_plugin.register()
-        assert (gpt_oss.MLPBlock.forward, mxfp4.GptOssMxfp4MoEMethod.process_weights_after_loading) == orig
+        assert (gpt_oss.MLPBlock.forward, gpt_oss.MLPBlock.__init__, method.process_weights_after_loading,
+                method.__init__) == orig
         os.environ["GPTOSS_SPARK_MOE"] = "triton"
         vllm_plugin.register()
         assert gpt_oss.MLPBlock.forward is vllm_plugin.mlp_block_forward
-        assert mxfp4.GptOssMxfp4MoEMethod.process_weights_after_loading is not orig[1]
+        assert method.process_weights_after_loading is not orig[2]
+        assert method.__init__ is not orig[3] and gpt_oss.MLPBlock.__init__ is not orig[1]
         import torch
         assert hasattr(torch.ops.gptoss_spark, "moe_block")
+        from gptoss_spark.kernels import ops
+        assert ops.DEVICE_TYPES == ("cuda", "cpu")
         print("ok")
-    """)
+    """, TRITON_INTERPRET="1")
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_plugin_on_cpu_without_interpreter_refuses_in_one_line():
+    """On a CPU the kernels run only under Triton's interpreter: without it the plugin says so, in one line."""
+    pytest.importorskip("vllm")
+    r = run_py("""
+        from gptoss_spark.kernels import vllm_plugin
+        try:
+            vllm_plugin.register()
+        except vllm_plugin.PluginError as e:
+            print(e)
+    """, GPTOSS_SPARK_MOE="triton", TRITON_INTERPRET="0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and "TRITON_INTERPRET=1" in lines[0] and "unset GPTOSS_SPARK_MOE" in lines[0], r.stdout
+
+
+def test_plugin_refuses_another_vllm_version():
+    r = run_py("""
+        import vllm
+        vllm.__version__ = "0.33.0"
+        from gptoss_spark.kernels import vllm_plugin
+        try:
+            vllm_plugin.register()
+        except vllm_plugin.PluginError as e:
+            print(e)
+    """, GPTOSS_SPARK_MOE="triton")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "supports vLLM 0.32.0, found 0.33.0" in r.stdout, r.stdout
 
 
 def test_plugin_repacks_a_layer_into_the_kernels_layout():
