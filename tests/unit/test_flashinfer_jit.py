@@ -51,9 +51,19 @@ def test_shipped_profiles_need_the_cutlass_moe_the_fp4_scales_and_the_sampler(na
     assert [m.name for m in d.modules] == ["fused_moe_120", "fp4_quantization_120f", "sampling"]
     assert d.arch_list == "12.1a"
     assert any("cute-dsl" in n.text and not n.gap for n in d.notes)
-    # spec pins Triton attention; plain (until it does) gets a gap note saying what to pin.
+    # Both pin Triton attention: no FlashInfer attention module can be JIT-built, so no gap note.
+    assert not any(n.gap for n in d.notes), [n.text for n in d.notes]
+
+
+def test_a_profile_without_an_attention_pin_gets_a_gap_note_naming_the_fix():
+    p = shipped("plain")
+    s = Settings()
+    args = list(p.engine_args(s))
+    i = args.index("--attention-backend")
+    del args[i:i + 2]
+    d = derive(p.name, args, p.engine_env(s), torch_cuda="13.0")
     gaps = [n.text for n in d.notes if n.gap]
-    assert gaps == ([] if name == "spec" else [gaps[0]]) and all("TRITON_ATTN" in g for g in gaps)
+    assert len(gaps) == 1 and "TRITON_ATTN" in gaps[0], gaps
 
 
 def test_fp4_module_follows_torch_cuda():
@@ -292,7 +302,7 @@ def test_status_and_doctor_list_each_module_of_the_active_profile(tmp_path, monk
     assert any(lvl == WARN and d.startswith("fused_moe_120 for 12.1a: built at ") and "not linked" in d
                for lvl, d in lines)
     assert any(lvl == WARN and d.startswith("fp4_quantization_120f for 12.1a: missing") for lvl, d in lines)
-    assert any(lvl == WARN and "plain: attention" in d for lvl, d in lines)        # the gap note
+    assert not any(lvl == WARN and "plain: attention" in d for lvl, d in lines)    # plain pins TRITON_ATTN
     assert any(lvl == OK and "cute-dsl" in d for lvl, d in lines)
     rows, _ = fb.status(s)
     assert {(r.profile, r.name, r.built, r.linked) for r in rows} >= {("spec", "sampling", True, True),
