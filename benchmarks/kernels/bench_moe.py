@@ -39,7 +39,7 @@ from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E4
 
 # One layer's shapes, timing, roofline and random layers: the same as `gptoss-spark kernels bench`.
 from gptoss_spark.kernels.benchmark import (  # noqa: E402
-    BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, graph_ms, roofline)
+    BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, graph_ms, roofline, routed)
 
 
 def forced_router(m, d, e=E, h=H, seed=0):
@@ -58,8 +58,7 @@ def forced_router(m, d, e=E, h=H, seed=0):
 
 
 def distinct_experts(x, layer):
-    logits = x.float() @ layer.rw.float().T + layer.rb.float()
-    return logits.topk(TOPK, dim=-1).indices.unique().numel()
+    return routed(x, layer).unique().numel()
 
 
 # ---------------------------------------------------------------- MoE layer timing

@@ -116,9 +116,9 @@ class Layer:
 
 
 def routed(x, layer) -> torch.Tensor:
-    """The top-4 expert ids [M, 4] of x, in fp32 (the reference's routing)."""
-    logits = x.float() @ layer.rw.float().T + layer.rb.float()
-    return logits.topk(TOPK, dim=-1).indices
+    """The top-4 expert ids [M, 4] of x: the reference's routing (fp32 logits)."""
+    from .reference import router_logits_ref, topk_softmax_ref
+    return topk_softmax_ref(router_logits_ref(x, layer.rw, layer.rb), TOPK)[0]
 
 
 def layer_bytes(distinct: float) -> float:
