@@ -3,7 +3,7 @@
     python3 benchmarks/kernels/bench_prefill.py [--tokens 16,32,64,256,1024,4096] [--variants JSON]
 
 Per gpt-oss-120b layer, for each token count, in one run:
-  - the prefill kernels with the routing in torch (ops.moe_block past 32 tokens), per PrefillConfig variant;
+  - the prefill kernels (ops.moe_block past 16 tokens: prefill_routing.py, then moe_prefill.py), per PrefillConfig variant;
   - the decode kernels 32 tokens at a time (what ops.moe_block did for prefill before; up to 32
     tokens what it still does);
   - cuBLAS bf16 doing the same multiply-adds as one dense GEMM ([M top-k, 2880] x [2880, 3 x 2880],

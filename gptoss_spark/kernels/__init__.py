@@ -1,10 +1,11 @@
 """SM121 MoE kernels for gpt-oss in Triton: fused MXFP4 experts and router for decode, a prefill path.
 
-Modules (one kernel per file; docs/KERNELS.md has the design and the numbers):
+Modules (one job per file; docs/KERNELS.md has the design and the numbers):
   router_logits.py  router GEMM (K-split partials; M<=32 costs what M=1 costs)
   moe_gate_up.py    gate_up on MXFP4 + bias + SwiGLU, per distinct expert
   moe_down.py       down on MXFP4 + bias + routing-weighted combine
-  moe_prefill.py    more than 32 tokens: pairs grouped by expert, gate_up and down per pair block
+  moe_prefill.py    more than 16 tokens: pairs grouped by expert, gate_up and down per pair block
+  prefill_routing.py  its router + top-k, the pairs' grouping into blocks, the sum over each token's k
   routing.py        top-k helpers (router kernel's last program, expert kernels)
   arrival.py        last-to-arrive among a kernel's programs (router top-k, down partial sums)
   mxfp4_layout.py   the one-time repack of the experts into the kernels' layout

@@ -128,7 +128,7 @@ def _int_args(shape: MoeShape, split_k_len: int) -> dict[str, int]:
     """The integer arguments moe.py passes for this shape (strides of contiguous tensors)."""
     e, h = shape.experts, shape.hidden
     return {"E": e, "K": h, "K_PER_SPLIT": split_k_len, "stride_xm": h, "H": h, "stride_om": h,
-            "router.stride_we": h}
+            "router.stride_we": h, "prefill_router.stride_we": h}
 
 
 def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
@@ -207,28 +207,57 @@ def _split_options(kwargs: dict) -> tuple[dict, dict]:
 
 
 def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple[str, object]]:
-    """triton.compile() the two prefill kernels (moe_prefill.py) for shape; returns (name, CompiledKernel)."""
-    jobs, ints = prefill_jobs(shape, target.arch // 10, config)
+    """triton.compile() the prefill kernels (prefill_routing.py, moe_prefill.py) for shape: all of them,
+    or for a config its align and expert kernels; returns (name, CompiledKernel)."""
+    if config is None:
+        jobs, ints = prefill_jobs(shape, target.arch // 10)
+    else:
+        from .mxfp4_layout import mma_layout_for_capability
+        mma = mma_layout_for_capability(target.arch // 10)
+        jobs, ints = _prefill_config_jobs(shape, config, mma), _int_args(shape, 0)
     return _compile_jobs(jobs, ints, target)
 
 
+def compile_prefill_routing(shape: MoeShape, target) -> list[tuple[str, object]]:
+    """triton.compile() prefill_routing's router and combine kernels for shape."""
+    return _compile_jobs(_prefill_routing_jobs(shape), _int_args(shape, 0), target)
+
+
 def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[str, int]]:
-    """The two prefill kernels as moe_prefill launches them, in variant_jobs' form: for config, or else
-    for every config prefill_config_for can pick on this arch's layout."""
+    """The prefill kernels as moe_prefill_block launches them, in variant_jobs' form: the router and
+    combine once, the align and the two expert kernels for config, or else for every config
+    prefill_config_for can pick on this arch's layout."""
     from .moe_prefill import prefill_configs
     from .mxfp4_layout import mma_layout_for_capability
     mma = mma_layout_for_capability(major)
-    jobs = []
+    jobs = _prefill_routing_jobs(shape)
     for cfg in [config] if config else prefill_configs(mma):
         jobs += _prefill_config_jobs(shape, cfg, mma)
     return jobs, _int_args(shape, 0)
+
+
+def _prefill_routing_jobs(shape: MoeShape) -> list:
+    """prefill_routing's router and combine kernels: one binary each per shape, whatever the tiles."""
+    from .prefill_routing import (combine_launch_kwargs, prefill_combine_kernel, prefill_router_kernel,
+                                  router_launch_kwargs)
+    return [
+        (prefill_router_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "ids_ptr": "*i32",
+                                 "weights_ptr": "*fp32", "counts_ptr": "*i32"},
+         *_split_options(router_launch_kwargs(shape.hidden, shape.experts, shape.top_k, shape.has_bias, False))),
+        (prefill_combine_kernel, {"y_ptr": "*fp32", "out_ptr": "*bf16"},
+         *_split_options(combine_launch_kwargs(shape.hidden, shape.top_k))),
+    ]
 
 
 def _prefill_config_jobs(shape: MoeShape, config, mma: int) -> list:
     from .moe_prefill import launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
     gate_up_kw, down_kw = launch_kwargs(config, shape.hidden, shape.intermediate, shape.top_k,
                                         shape.has_bias, shape.has_bias, mma, 2, False)
+    from .prefill_routing import align_launch_kwargs, prefill_align_kernel
     return [
+        (prefill_align_kernel, {"ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
+                                "block_expert_ptr": "*i32"},
+         *_split_options(align_launch_kwargs(shape.experts, config.block_m))),
         (moe_prefill_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16",
                                       "h_ptr": "*bf16", "pairs_ptr": "*i32", "block_expert_ptr": "*i32"},
          *_split_options(gate_up_kw)),
@@ -240,7 +269,9 @@ def _prefill_config_jobs(shape: MoeShape, config, mma: int) -> list:
 
 
 _PREFIXES = {"router_logits_kernel": "router", "moe_gate_up_kernel": "gate_up", "moe_down_kernel": "down",
-             "moe_prefill_gate_up_kernel": "prefill_gate_up", "moe_prefill_down_kernel": "prefill_down"}
+             "moe_prefill_gate_up_kernel": "prefill_gate_up", "moe_prefill_down_kernel": "prefill_down",
+             "prefill_router_kernel": "prefill_router", "prefill_align_kernel": "prefill_align",
+             "prefill_combine_kernel": "prefill_combine"}
 
 
 def _with_defaults(kernel, constexprs: dict[str, object]) -> dict[str, object]:
@@ -282,6 +313,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
         builds = [(_plan_name(shape, m, mma), lambda m=m, shape=shape: compile_variants(shape, m, target))
                   for m in token_counts(shape, mma)]
         from .moe_prefill import prefill_configs
+        builds.append(("prefill routing", lambda shape=shape: compile_prefill_routing(shape, target)))
         builds += [(f"prefill block_m={cfg.block_m} C={cfg.gate_up_c}",
                     lambda shape=shape, cfg=cfg: compile_prefill_variants(shape, target, cfg))
                    for cfg in prefill_configs(mma)]

@@ -3,7 +3,7 @@
 The decode kernels give each expert's program every token of the call (at
 most 32) and mask the ones not routed to it; for a prefill chunk that would
 read each touched expert once per 32 tokens. Here the (token, k) pairs are
-sorted by expert into blocks of BLOCK_M pairs (align_pairs, torch, no host
+sorted by expert into blocks of BLOCK_M pairs (prefill_routing.align: no host
 sync, static shapes so a CUDA graph can hold it), and program (row block,
 pair block) reads its expert's row block once for BLOCK_M pairs:
 
@@ -11,10 +11,10 @@ pair block) reads its expert's row block once for BLOCK_M pairs:
                                  bias, SwiGLU -> h [pairs, I] (bf16)
   2. moe_prefill_down_kernel     h @ down^T + bias, times the pair's routing
                                  weight -> y [pairs, H] (fp32)
-  3. y summed over each token's top-k pairs in torch (a fixed order: deterministic)
+  3. y summed over each token's top-k pairs (prefill_routing.combine; a fixed order: deterministic)
 
-The routing itself is torch (moe_prefill_block: logits in fp32 from the bf16
-inputs, top-k, softmax over the selected), the reference's math. Both kernels
+The routing (moe_prefill_block) is prefill_routing.route: logits in fp32 from the bf16
+inputs, top-k, softmax over the selected, the reference's math. Both kernels
 reuse the decode kernels' loops (moe_gate_up.gate_up_dot,
 mxfp4_decode.mxfp4_rows_dot): the pair block is the tensor-core tile's token
 columns. ops.moe_block sends every call of more than ops.DECODE_DISPATCH_TOKENS
@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, gate_up_dot, swiglu
 from .mxfp4_decode import mxfp4_rows_dot
-from .reference import router_logits_ref, topk_softmax_ref
+from .prefill_routing import align, combine, counts_of, route
 from .runtime import interpreting
 
 
@@ -78,33 +78,6 @@ def check_config(config: PrefillConfig, mma: int) -> None:
 
 
 PREFILL_WARPS = 4  # one warpgroup: 64 weight rows per tile (mxfp4_layout.py)
-
-
-def align_pairs(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k ids [M, K] -> (pairs [B * block_m] int32, block_expert [B] int32), B = cdiv(M K, block_m) + E.
-
-    Pair p = m * K + k. Each expert's pairs fill whole blocks (the last one padded with
-    M K, which the kernels skip), in token order; block_expert[b] is the expert of block b,
-    -1 for the blocks past the last used one. B bounds sum_e cdiv(count_e, block_m)
-    without reading the counts on the host.
-    """
-    flat = ids.reshape(-1).to(torch.int64)
-    n = flat.numel()
-    dev = flat.device
-    n_blocks = triton.cdiv(n, block_m) + experts
-    counts = torch.zeros(experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    blocks = (counts + block_m - 1) // block_m
-    blocks_end = torch.cumsum(blocks, 0)
-    order = torch.argsort(flat, stable=True)          # pairs by expert, token order within one
-    sorted_e = flat[order]
-    first = torch.cumsum(counts, 0) - counts          # where expert e starts in that order
-    rank = torch.arange(n, device=dev) - first[sorted_e]
-    slot = (blocks_end - blocks)[sorted_e] * block_m + rank
-    pairs = torch.full((n_blocks * block_m,), n, dtype=torch.int32, device=dev)
-    pairs[slot] = order.to(torch.int32)
-    owner = torch.searchsorted(blocks_end, torch.arange(n_blocks, device=dev), right=True)
-    block_expert = torch.where(owner < experts, owner, -1).to(torch.int32)
-    return pairs, block_expert
 
 
 @triton.jit
@@ -180,9 +153,10 @@ def launch_kwargs(config: PrefillConfig, h: int, i: int, top_k: int, gate_up_bia
 def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                 w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                mma: int, config: PrefillConfig | None = None) -> torch.Tensor:
+                mma: int, config: PrefillConfig | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, H] bf16 routed by ids / weights [M, K] -> [M, H] bf16; experts as mxfp4_layout.SwizzledExperts.
-    config None: prefill_config_for(M, mma)."""
+    config None: prefill_config_for(M, mma). counts: pairs per expert (prefill_routing.route returns
+    them; None counts them here)."""
     m, h = x.shape
     config = prefill_config_for(m, mma) if config is None else config
     check_config(config, mma)
@@ -194,7 +168,7 @@ def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     interp = interpreting()
     decode = 1 if interp else 2  # (the PTX decode does not run in the interpreter)
     n_pairs = m * top_k
-    pairs, block_expert = align_pairs(ids, e, config.block_m)
+    pairs, block_expert = align(ids, counts_of(ids, e) if counts is None else counts, config.block_m)
     n_blocks = block_expert.numel()
     dummy = x  # stands in for absent biases; never read
     hs = torch.empty((n_pairs, i), dtype=torch.bfloat16, device=dev)
@@ -205,18 +179,18 @@ def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     moe_prefill_down_kernel[(h // 64, n_blocks)](
         hs, pairs, block_expert, weights.to(torch.float32).contiguous(), w2, s2, b2 if b2 is not None else dummy,
         y, n_pairs, **down_kw)
-    return y.view(m, top_k, h).sum(1).to(torch.bfloat16)
+    return combine(y, m, top_k)
 
 
 def moe_prefill_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
                       w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                       w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
                       top_k: int, mma: int, config: PrefillConfig | None = None) -> torch.Tensor:
-    """The whole MoE block for a prefill chunk: routing in torch, then moe_prefill.
+    """The whole MoE block for a prefill chunk: prefill_routing.route, then moe_prefill.
 
-    The routing is the reference's (fp32 logits from the bf16 inputs, as the decode
-    router kernel computes them), so a prompt's tokens pick the experts its decode
-    steps would. torch rather than the router kernel: that one's tile holds 32 tokens.
+    The routing is the decode router's math (fp32 logits from the bf16 inputs, top-k with ties to
+    the lower expert), so a prompt's tokens pick the experts its decode steps would. A kernel of
+    its own rather than the decode router: that one's tile holds at most 32 tokens.
     """
-    ids, weights = topk_softmax_ref(router_logits_ref(x, router_w, router_b), top_k)
-    return moe_prefill(x, ids, weights, w13, s13, b13, w2, s2, b2, mma=mma, config=config)
+    ids, weights, counts = route(x, router_w, router_b, top_k)
+    return moe_prefill(x, ids, weights, w13, s13, b13, w2, s2, b2, mma=mma, config=config, counts=counts)

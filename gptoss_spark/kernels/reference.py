@@ -56,3 +56,32 @@ def experts_ref(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2) -> torch.T
 def moe_block_ref(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
     ids, weights = topk_softmax_ref(router_logits_ref(x, router_w, router_b), top_k)
     return experts_ref(x, ids, weights, w13, s13, b13, w2, s2, b2)
+
+
+def align_pairs_ref(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill kernels' block tables (prefill_routing.align computes them on the GPU).
+
+    Top-k ids [M, K] -> (pairs [B * block_m] int32, block_expert [B] int32), B = cdiv(M K, block_m) + E.
+
+    Pair p = m * K + k. Each expert's pairs fill whole blocks (the last one padded with
+    M K, which the kernels skip), in token order; block_expert[b] is the expert of block b,
+    -1 for the blocks past the last used one. B bounds sum_e cdiv(count_e, block_m)
+    without reading the counts on the host.
+    """
+    flat = ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    dev = flat.device
+    n_blocks = -(-n // block_m) + experts
+    counts = torch.zeros(experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    blocks_end = torch.cumsum(blocks, 0)
+    order = torch.argsort(flat, stable=True)          # pairs by expert, token order within one
+    sorted_e = flat[order]
+    first = torch.cumsum(counts, 0) - counts          # where expert e starts in that order
+    rank = torch.arange(n, device=dev) - first[sorted_e]
+    slot = (blocks_end - blocks)[sorted_e] * block_m + rank
+    pairs = torch.full((n_blocks * block_m,), n, dtype=torch.int32, device=dev)
+    pairs[slot] = order.to(torch.int32)
+    owner = torch.searchsorted(blocks_end, torch.arange(n_blocks, device=dev), right=True)
+    block_expert = torch.where(owner < experts, owner, -1).to(torch.int32)
+    return pairs, block_expert

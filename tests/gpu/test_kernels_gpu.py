@@ -127,36 +127,67 @@ def test_compile_only_for_sm121a():
     assert report.compiled and all(line.endswith("sm_121a") for line in report.compiled), report.compiled
 
 
+def _serving_adds_no_cache_entry(tmp_path, build: str, serve: str) -> None:
+    """Run build into a fresh Triton cache, then serve in a new process: serve must add no cache entry."""
+    cache = tmp_path / "triton"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", textwrap.dedent(build)], check=True, env=env)
+    before = sorted(p.name for p in cache.iterdir())
+    subprocess.run([sys.executable, "-c", textwrap.dedent(serve)], check=True, env=env)
+    after = sorted(p.name for p in cache.iterdir())
+    assert after == before, f"compiled at serve time: {set(after) - set(before)}"
+
+
+# Prefill chunks: every pair block prefill_config_for picks on either layout; pair counts multiples of 16 and not.
+SERVE_PREFILL = """
+    for shape in MODEL_SHAPES:
+        for m in (17, 37, 300, 500, 600, 1500):
+            moe_block(*aot._dummy_inputs(shape, m, "cuda"), shape.top_k)
+    torch.cuda.synchronize()
+"""
+SERVE_IMPORTS = """
+    import torch
+    from gptoss_spark.kernels import aot
+    from gptoss_spark.kernels.ops import moe_block, moe_decode, router_logits
+    from gptoss_spark.kernels.variants import MODEL_SHAPES
+"""
+
+
 def test_aot_build_leaves_nothing_to_compile(tmp_path):
     """Build into a fresh cache, then a new process serving both models' shapes adds no cache entry."""
     major, minor = torch.cuda.get_device_capability()
-    cache = tmp_path / "triton"
-    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
-    build = textwrap.dedent(f"""
+    build = f"""
         from pathlib import Path
         from gptoss_spark.kernels import aot
-        print(aot.build_warm("{major}.{minor}", Path({str(cache)!r})).compiled)
-    """)
-    subprocess.run([sys.executable, "-c", build], check=True, env=env)
-    before = sorted(p.name for p in cache.iterdir())
-    serve = textwrap.dedent("""
+        print(aot.build_warm("{major}.{minor}", Path({str(tmp_path / "triton")!r})).compiled)
+    """
+    serve = SERVE_IMPORTS + """
+    for shape in MODEL_SHAPES:
+        for m in (1, 2, 3, 7, 16, 17, 32):
+            a = aot._dummy_inputs(shape, m, "cuda")
+            moe_decode(*a, shape.top_k); router_logits(a[0], a[1], a[2])
+""" + SERVE_PREFILL
+    _serving_adds_no_cache_entry(tmp_path, build, serve)
+
+
+def test_aot_prefill_launches_leave_nothing_to_compile(tmp_path):
+    """The prefill part of the above in a minute: build_warm's prefill launches (each config once, at 17
+    tokens), then prefill chunks of other lengths compile nothing (prefill_routing's kernels included)."""
+    build = """
         import torch
         from gptoss_spark.kernels import aot
-        from gptoss_spark.kernels.ops import moe_block, moe_decode, router_logits
+        from gptoss_spark.kernels.moe_prefill import moe_prefill_block, prefill_configs
+        from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
+        from gptoss_spark.kernels.ops import DECODE_DISPATCH_TOKENS
         from gptoss_spark.kernels.variants import MODEL_SHAPES
+        mma = mma_layout_for("cuda")
         for shape in MODEL_SHAPES:
-            for m in (1, 2, 3, 7, 16, 17, 32):
-                a = aot._dummy_inputs(shape, m, "cuda")
-                moe_decode(*a, shape.top_k); router_logits(a[0], a[1], a[2])
-            # prefill chunks: every pair block prefill_config_for picks on either layout; pair counts
-            # multiples of 16 and not
-            for m in (17, 37, 300, 500, 600, 1500):
-                moe_block(*aot._dummy_inputs(shape, m, "cuda"), shape.top_k)
+            x, rw, rb, *experts = aot._dummy_inputs(shape, DECODE_DISPATCH_TOKENS + 1, "cuda")
+            for cfg in prefill_configs(mma):
+                moe_prefill_block(x, rw, rb, *experts, shape.top_k, mma=mma, config=cfg)
         torch.cuda.synchronize()
-    """)
-    subprocess.run([sys.executable, "-c", serve], check=True, env=env)
-    after = sorted(p.name for p in cache.iterdir())
-    assert after == before, f"compiled at serve time: {set(after) - set(before)}"
+    """
+    _serving_adds_no_cache_entry(tmp_path, build, SERVE_IMPORTS + SERVE_PREFILL)
 
 
 @pytest.mark.parametrize("decode", [1, 2])
@@ -292,9 +323,29 @@ def test_prefill_matches_reference(experts, m):
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 
+@pytest.mark.parametrize("experts", [128, 32], ids=["120b", "20b"])
+@pytest.mark.parametrize("m", [17, 300, 1500])
+def test_prefill_routing_matches_reference(experts, m):
+    """prefill_routing at gpt-oss shapes: the reference's top-4 and weights (fp32 logits), its block tables."""
+    from gptoss_spark.kernels import prefill_routing, reference
+    from gptoss_spark.kernels.moe_prefill import prefill_config_for
+    x, rw, rb, *_ = make_block(experts, m, seed=900 + m)
+    ids, weights, counts = prefill_routing.route(x, rw, rb, 4)
+    ref_ids, ref_w = reference.topk_softmax_ref(reference.router_logits_ref(x, rw, rb), 4)
+    same = (ids == ref_ids).all(dim=1)
+    assert same.float().mean() > 0.99  # a near tie may swap two picks under a different summation order
+    torch.testing.assert_close(weights[same], ref_w[same], rtol=1e-4, atol=1e-5)
+    assert torch.equal(counts, torch.bincount(ids.flatten().long(), minlength=experts).int())
+    block_m = prefill_config_for(m, 2).block_m
+    pairs, block_expert = prefill_routing.align(ids, counts, block_m)
+    ref_pairs, ref_blocks = reference.align_pairs_ref(ids, experts, block_m)
+    used = int((ref_blocks >= 0).sum()) * block_m
+    assert torch.equal(block_expert, ref_blocks) and torch.equal(pairs[:used], ref_pairs[:used])
+
+
 def test_prefill_in_a_cuda_graph():
-    """vLLM captures batches past 16 tokens too: the prefill path (torch routing, align_pairs, two
-    kernels, the sum) holds no host sync, so a captured graph replays right on new inputs."""
+    """vLLM captures batches past 16 tokens too: the prefill path (prefill_routing's router, align and
+    combine, the two expert kernels) holds no host sync, so a captured graph replays right on new inputs."""
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
     ckpt = make_block(128, 64, seed=64)

@@ -38,10 +38,12 @@ def test_compile_only_build_for_sm121a():
     assert len(lines) >= 6 and all(line.endswith("sm_121a") for line in lines), r.stdout
     from gptoss_spark.kernels.moe_prefill import prefill_configs
     configs = prefill_configs(2)  # sm_121a: layout 2
-    for kernel in ("moe_prefill_gate_up_kernel", "moe_prefill_down_kernel"):
+    for kernel in ("prefill_align_kernel", "moe_prefill_gate_up_kernel", "moe_prefill_down_kernel"):
         assert sum(kernel in line for line in lines) == len(configs), r.stdout
+    for kernel in ("prefill_router_kernel", "prefill_combine_kernel"):  # one binary serves every tile config
+        assert sum(kernel in line for line in lines) == 1, r.stdout
     for cfg in configs:  # every pair block the dispatch can pick on GB10 is built
-        assert sum(f"prefill block_m={cfg.block_m} C={cfg.gate_up_c} " in line for line in lines) == 2, r.stdout
+        assert sum(f"prefill block_m={cfg.block_m} C={cfg.gate_up_c} " in line for line in lines) == 3, r.stdout
 
 
 @pytest.mark.parametrize("major", [9, 12])
@@ -58,7 +60,7 @@ def test_compile_only_jobs_set_every_constexpr(major):
     jobs = [j for m in token_counts(GPT_OSS_120B, mma) for j in aot.variant_jobs(GPT_OSS_120B, m, major)[0]]
     jobs += aot.prefill_jobs(GPT_OSS_120B, major)[0]
     from gptoss_spark.kernels.moe_prefill import prefill_configs
-    assert len(jobs) == 3 * len(token_counts(GPT_OSS_120B, mma)) + 2 * len(prefill_configs(mma))
+    assert len(jobs) == 3 * len(token_counts(GPT_OSS_120B, mma)) + 3 * len(prefill_configs(mma)) + 2
     for kernel, ptrs, consts, opts in jobs:
         signature, bound = aot.source_args(kernel, ptrs, consts)
         for p in kernel.params:

@@ -43,7 +43,7 @@ if not IN_CHILD:
 @pytest.fixture(scope="module")
 def k():
     mods = {n: importlib.import_module(f"gptoss_spark.kernels.{n}")
-            for n in ("moe", "moe_prefill", "reference", "mxfp4", "mxfp4_layout", "router_logits", "ops")}
+            for n in ("moe", "moe_prefill", "prefill_routing", "reference", "mxfp4", "mxfp4_layout", "router_logits", "ops")}
     return type("Kernels", (), mods)
 
 
@@ -193,6 +193,52 @@ def test_prefill_matches_reference(k, m, e, top_k, bias, mma, c):
     cfg = k.moe_prefill.PrefillConfig(block_m=16, gate_up_c=c, down_c=c)
     out = k.moe_prefill.moe_prefill(x, ids, weights, *experts, mma=mma, config=cfg)
     assert rel_err(out, k.reference.moe_block_ref(*args, top_k)) < INTERPRETER_TOL
+
+
+@child_only
+@pytest.mark.parametrize("m,e,top_k,bias,h", [(17, 16, 4, True, 64), (40, 32, 4, False, 192),
+                                              (70, 128, 4, True, 64), (33, 32, 2, True, 64),
+                                              (20, 8, 4, True, 64), (19, 4, 2, False, 64)])
+def test_prefill_routing_matches_reference(k, m, e, top_k, bias, h):
+    """prefill_routing.route: the reference's top-k ids, softmax weights and the pairs per expert;
+    token tiles of 16 with a partly filled last one, K = 192 a loop of 64-wide steps, 4 and 8
+    experts padded to the kernel's 16 (the demo model has 4)."""
+    x, rw, rb, *_ = make_block(k, e, m, bias, seed=700 + m, h=h)
+    ids, weights, counts = k.prefill_routing.route(x, rw, rb, top_k)
+    ref_ids, ref_w = k.reference.topk_softmax_ref(k.reference.router_logits_ref(x, rw, rb), top_k)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+    assert torch.equal(counts, torch.bincount(ref_ids.flatten().long(), minlength=e).int())
+
+
+@child_only
+@pytest.mark.parametrize("m,e,top_k,block_m", [(37, 16, 4, 8), (5, 128, 4, 64), (64, 8, 2, 16), (300, 32, 4, 32)])
+def test_prefill_align_matches_reference(k, m, e, top_k, block_m):
+    """prefill_routing.align: the reference's block tables (every used block's pairs, each block's
+    expert, -1 past the last used one); 300 x 4 pairs take two scan steps of 1024."""
+    g = torch.Generator().manual_seed(m * e)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
+    pairs, block_expert = k.prefill_routing.align(ids, k.prefill_routing.counts_of(ids, e), block_m)
+    ref_pairs, ref_blocks = k.reference.align_pairs_ref(ids, e, block_m)
+    assert torch.equal(block_expert, ref_blocks)
+    used = int((ref_blocks >= 0).sum()) * block_m
+    assert torch.equal(pairs[:used], ref_pairs[:used])
+
+
+@child_only
+def test_prefill_combine_sums_each_tokens_pairs(k):
+    y = torch.randn(7 * 4, 1500, generator=torch.Generator().manual_seed(3))
+    out = k.prefill_routing.combine(y, 7, 4)
+    torch.testing.assert_close(out.float(), y.view(7, 4, 1500).sum(1), rtol=1e-2, atol=1e-2)
+
+
+@child_only
+def test_prefill_block_matches_reference(k):
+    """moe_prefill_block: routing, grouping, both expert kernels and the combine, against the reference."""
+    args = make_block(k, 32, 40, True, seed=41)
+    out = k.moe_prefill.moe_prefill_block(*kernel_args(k, args, 3), 4, mma=3,
+                                          config=k.moe_prefill.PrefillConfig(block_m=16))
+    assert rel_err(out, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL
 
 
 @child_only

@@ -1,4 +1,7 @@
-"""moe_prefill.align_pairs: (token, k) pairs grouped by expert into blocks (torch on the CPU, no kernels)."""
+"""reference.align_pairs_ref: (token, k) pairs grouped by expert into blocks (torch on the CPU, no kernels).
+
+The kernel that computes the same tables on the GPU (prefill_routing.align) is compared with it
+under the interpreter (test_kernels_interpret.py) and on the device (tests/gpu)."""
 
 from __future__ import annotations
 
@@ -7,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from gptoss_spark.kernels.moe_prefill import align_pairs  # noqa: E402
+from gptoss_spark.kernels.reference import align_pairs_ref  # noqa: E402
 
 
 @pytest.mark.parametrize("m,e,top_k,block_m", [(37, 16, 4, 8), (5, 128, 4, 64), (64, 8, 2, 16)])
 def test_every_pair_once_in_its_experts_blocks(m, e, top_k, block_m):
     g = torch.Generator().manual_seed(m + e)
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
-    pairs, block_expert = align_pairs(ids, e, block_m)
+    pairs, block_expert = align_pairs_ref(ids, e, block_m)
     n = m * top_k
     flat = ids.reshape(-1)
     assert block_expert.numel() == -(-n // block_m) + e and pairs.numel() == block_expert.numel() * block_m
