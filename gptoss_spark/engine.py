@@ -38,7 +38,7 @@ def engine_shutdown_timeout(settings: Settings) -> int:
     """vLLM's own --shutdown-timeout: it must finish before our SIGKILL at shutdown_grace.
 
     vLLM's default (0) can hang forever on SIGTERM with a request in flight
-    (TESTING.md), so it is always set, and always below our grace.
+    (docs/TESTING.md), so it is always set, and always below our grace.
     """
     return max(1, math.floor(settings.timeouts.shutdown_grace / 2))
 

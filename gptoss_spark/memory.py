@@ -1,7 +1,7 @@
 """Memory guard for unified memory.
 
 On a DGX Spark CPU and GPU share 128 GB; running out does not end in a clean
-OOM kill but freezes the host (REFERENCE.md §1). So the supervisor refuses to
+OOM kill but freezes the host (docs/HARDWARE.md). So the supervisor refuses to
 start an engine that would not fit, and stops a running one before the host
 reaches the edge. Readings come from an injectable source so tests can drive it.
 """

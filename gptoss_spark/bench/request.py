@@ -1,6 +1,6 @@
 """One streamed request: payload, SSE reading, timing, and why a run is invalid.
 
-Timing rules of the seed protocol (REFERENCE.md §3):
+Timing rules of the seed protocol (docs/HARDWARE.md, the seed):
 - first output = the first chunk carrying generated text (content, reasoning or
   tool-call text). vLLM's chat stream opens with a role-only chunk that is sent
   before any token exists; it must not count, or TTFT would read ~0.

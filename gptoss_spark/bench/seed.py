@@ -1,4 +1,4 @@
-"""The seed project's published figures (REFERENCE.md §3).
+"""The seed project's published figures (docs/HARDWARE.md, "The seed deployment's figures").
 
 These are the seed's numbers, measured by the seed on a DGX Spark with its own
 Docker image (vLLM 0.28.1rc1 nightly + patches). Nothing in this repository

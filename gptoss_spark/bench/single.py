@@ -1,4 +1,4 @@
-"""`gptoss-spark bench`: the seed's single-stream protocol (REFERENCE.md §3).
+"""`gptoss-spark bench`: the seed's single-stream protocol (docs/HARDWARE.md).
 
 Warm-up request(s) first (not measured: the first request after a start pays
 for compilation and cache fills), then N measured requests one after another,

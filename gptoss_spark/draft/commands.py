@@ -14,7 +14,7 @@ from ..bench.render import Progress
 from ..bench.target import DEFAULT_BASE_URL, resolve_target
 from .counts import gather_counts, load_counts, save_counts
 
-SEED_KEEP = 32768  # the seed's cut (REFERENCE.md §3)
+SEED_KEEP = 32768  # the seed's cut (docs/HARDWARE.md, the seed)
 COUNTS_NAME = "token-counts.json"
 
 

@@ -3,7 +3,7 @@
 The kept rows are copied bit for bit (no retraining): a draft row scores the
 same token as before, the head just can no longer propose the tokens cut.
 The seed cut NVIDIA's gpt-oss-120b Eagle3 head to 32,768 rows for +0.5 tok/s
-(the seed's Spark figure, REFERENCE.md §3): a smaller draft lm_head GEMV.
+(the seed's Spark figure, docs/HARDWARE.md): a smaller draft lm_head GEMV.
 """
 
 from __future__ import annotations

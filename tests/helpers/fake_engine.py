@@ -1,4 +1,4 @@
-"""Stand-in engine for faults a real vLLM cannot show on demand (TESTING.md allows this, nothing else).
+"""Stand-in engine for faults a real vLLM cannot show on demand (docs/TESTING.md: only those).
 
 Speaks just enough of vLLM's HTTP surface: /health, /metrics, /v1/completions.
 Behaviour comes from FAKE_ENGINE_MODE (comma-separated):

@@ -1,6 +1,6 @@
 """A real systemd, booted as PID 1 of a private namespace, for system tests.
 
-Safety (TESTING.md, "Real systemd on these machines"), in the order the boot
+Safety (docs/TESTING.md, "Real systemd in a namespace"), in the order the boot
 script does it, all before systemd is exec'd:
 - own PID, mount and cgroup namespaces; the cgroup namespace is rooted in a
   fresh child of the test's own cgroup in every hierarchy, so the inner

@@ -34,7 +34,7 @@ OFFLINE_SINK_BACKENDS = {"TRITON_ATTN"}
 
 
 def gpt_oss_120b_config() -> dict:
-    # REFERENCE.md §2; the checkpoint's quantization block marks the MXFP4 experts.
+    # docs/HARDWARE.md, "The model"; the checkpoint's quantization block marks the MXFP4 experts.
     return {
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "torch_dtype": "bfloat16",
         "num_hidden_layers": 36, "num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4,
