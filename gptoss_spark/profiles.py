@@ -25,6 +25,7 @@ Any other {lowercase_word} is an error (a typo); JSON braces are left alone.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +45,7 @@ _PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 RESERVED_ARGS = {
     "--model": "model.dir", "--served-model-name": "model.served_name",
     "--host": "engine.host", "--port": "engine.port",
-    "--shutdown-timeout": "timeouts.drain", "--api-key": "engine.api_key_file",
+    "--shutdown-timeout": "timeouts.shutdown_grace", "--api-key": "engine.api_key_file",
 }
 
 
@@ -266,11 +267,19 @@ def _extend(src: _ProfileSource, base: Profile) -> Profile:
                    args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths, extends=base.name)
 
 
+def unknown_profiles(names: Iterable[str], known: Iterable[str]) -> str:
+    """The one wording for profile names that do not exist, wherever a name comes in (the
+    settings, the admin API, the CLI, bench ab, the FlashInfer build)."""
+    names = list(names)
+    what = f"unknown profile {names[0]!r}" if len(names) == 1 else \
+        f"unknown profiles {', '.join(repr(n) for n in names)}"
+    return f"{what} (known: {', '.join(sorted(known)) or 'none'})"
+
+
 def get_profile(profiles: dict[str, Profile], name: str, settings: Settings) -> Profile:
     if name not in profiles:
-        known = ", ".join(sorted(profiles)) or "none"
         dirs = ", ".join(str(d) for d in settings.paths.profile_dirs)
         raise ConfigError(settings.source or "gptoss-spark.toml", "default_profile" if name == settings.default_profile else None,
-                          f"unknown profile {name!r} (known: {known})",
+                          unknown_profiles([name], profiles),
                           f"pick a known one or add {name}.toml to one of: {dirs}")
     return profiles[name]

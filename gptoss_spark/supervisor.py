@@ -28,7 +28,7 @@ from .engine import EngineProcess, read_api_key
 from .errors import ConfigError, RequirementError
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
-from .profiles import Profile, load_profiles
+from .profiles import Profile, load_profiles, unknown_profiles
 from .state import PersistedState, StateStore
 from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
 from .systemd import Notifier, watchdog_interval
@@ -216,7 +216,7 @@ class Supervisor:
         except ConfigError as e:
             raise Rejected("invalid", str(e)) from None
         if name not in profiles:
-            raise Rejected("unknown", f"unknown profile {name!r} (known: {', '.join(sorted(profiles)) or 'none'})")
+            raise Rejected("unknown", unknown_profiles([name], profiles))
         try:
             profiles[name].check_requirements(self.settings)
             profiles[name].engine_args(self.settings)
@@ -274,9 +274,8 @@ class Supervisor:
             log.warning("saved profile no longer exists, using the default", saved=saved,
                         default=self.settings.default_profile)
         if self.settings.default_profile not in self.profiles:
-            known = ", ".join(sorted(self.profiles)) or "none"
             raise ConfigError(self.settings.source or "gptoss-spark.toml", "default_profile",
-                              f"unknown profile {self.settings.default_profile!r} (known: {known})",
+                              unknown_profiles([self.settings.default_profile], self.profiles),
                               "set it to a known profile or add that profile's .toml file")
         return self.settings.default_profile
 

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 from ..admin_cli import POLL_SECONDS, ApiError, Client, wait_operation
 from ..errors import UserError
+from ..profiles import unknown_profiles
 from .compare import METRICS, compare, dig
 from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH, RESULT_SCHEMA
@@ -48,8 +49,7 @@ def check_profile_names(names: list[str], known: list[str] | None = None) -> Non
         raise UserError(f"profile(s) {', '.join(repeated)} named twice; name each profile once")
     unknown = [n for n in names if known is not None and n not in known]
     if unknown:
-        raise UserError(f"unknown profile(s) {', '.join(unknown)} (the service has: {', '.join(sorted(known)) or 'none'}); "
-                        "pick from those (`gptoss-spark profile` lists them) or add the file to a profile directory")
+        raise UserError(f"{unknown_profiles(unknown, known)}; pick from those (`gptoss-spark profile` lists them) or add the file to a profile directory")
 
 
 def measuring_order(names: list[str], original: str) -> list[str]:

@@ -27,7 +27,7 @@ from ..config import Settings
 from ..errors import UserError
 from ..install.layout import EXIT_FLASHINFER
 from ..memory import ProcMemorySource
-from ..profiles import Profile, load_profiles
+from ..profiles import Profile, load_profiles, unknown_profiles
 from . import cache
 from .modules import Derivation, JitModule, Note, derive
 
@@ -95,8 +95,7 @@ def _installed(settings: Settings, only_profiles: Iterable[str] | None = None) -
     if only_profiles:
         missing = sorted(set(only_profiles) - set(profiles))
         if missing:
-            raise FlashInferBuildError(f"unknown profile(s) {', '.join(missing)} "
-                                       f"(known: {', '.join(sorted(profiles))})")
+            raise FlashInferBuildError(unknown_profiles(missing, profiles))
         profiles = {k: v for k, v in profiles.items() if k in set(only_profiles)}
     if not profiles:
         dirs = ", ".join(str(d) for d in settings.paths.profile_dirs)

@@ -217,7 +217,7 @@ def test_service_not_running(capsys, config):  # noqa: F811 - the fixture, no se
 def test_unknown_profile_names_the_known_ones(capsys, service, config):  # noqa: F811
     service.do(lambda: make_ready(service.sup))
     rc, err = run_cli(capsys, "demo", "fast", "--config", str(config))
-    assert rc == 2 and "unknown profile(s) fast (the service has: demo, demo-b)" in err
+    assert rc == 2 and "unknown profile 'fast' (known: demo, demo-b)" in err
 
 
 def test_a_service_that_is_not_ready_is_refused_before_any_switch(capsys, service, config):  # noqa: F811

@@ -113,6 +113,13 @@ def test_unknown_profile(setup):
     assert "add fast.toml" in str(e.value)
 
 
+def test_unknown_profiles_one_wording():
+    """Every place a profile name comes in words it the same (profiles.unknown_profiles)."""
+    from gptoss_spark.profiles import unknown_profiles
+    assert unknown_profiles(["fast"], {"spec": 1, "plain": 2}) == "unknown profile 'fast' (known: plain, spec)"
+    assert unknown_profiles(["a", "b"], []) == "unknown profiles 'a', 'b' (known: none)"
+
+
 def test_missing_model_dir(setup, tmp_path):
     _, cfg, _ = setup
     cfg.write_text(cfg.read_text().replace(f'dir = "{tmp_path}/model"', f'dir = "{tmp_path}/none"'))
@@ -138,6 +145,8 @@ def test_unmet_requirement_names_path_and_file(setup):
 @pytest.mark.parametrize("body,key,fragment", [
     ('[engine]\nargs = ["--port", "9000"]\n', "engine.args", "--port is set by the service; set engine.port"),
     ('[engine]\nargs = ["--model=/x"]\n', "engine.args", "--model is set by the service"),
+    # engine.engine_shutdown_timeout derives it from shutdown_grace, not from the drain timeout
+    ('[engine]\nargs = ["--shutdown-timeout", "5"]\n', "engine.args", "set timeouts.shutdown_grace in"),
     ('[engine]\nargs = "--max-num-seqs 4"\n', "engine.args", "valid list"),
     ('[engine]\nenv = { NOTIFY_SOCKET = "/x" }\n', "engine.env", "NOTIFY_SOCKET is managed by the supervisor"),
     ('[engine]\nenv = { "A-B" = "1" }\n', "engine.env", "not a valid environment variable name"),
