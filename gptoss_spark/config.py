@@ -135,6 +135,9 @@ class Settings(_Section):
             "TRITON_CACHE_DIR": str(c / "triton"),
             "HUMMING_CACHE_DIR": str(c / "humming"),
             "TORCHINDUCTOR_CACHE_DIR": str(c / "inductor"),
+            # The CuTe DSL (FlashInfer's MXFP8 activation quantizer) keeps compiled kernels in a file
+            # cache whose default is under TMPDIR, which is per engine and removed after each stop.
+            "CUTE_DSL_CACHE_DIR": str(c / "cute-dsl"),
             "XDG_CACHE_HOME": str(c / "xdg"),
         }
 
