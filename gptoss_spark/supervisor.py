@@ -115,12 +115,14 @@ class Supervisor:
     def __init__(self, settings: Settings, *, notifier: Notifier | None = None,
                  store: StateStore | None = None, memory_source: MemorySource | None = None,
                  engine_factory: Callable[[Settings, Profile], EngineProcess] = EngineProcess,
+                 probe_factory: Callable[[str, str, str | None], EngineProbe] = EngineProbe,
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self.notifier = notifier or Notifier(socket_path="")
         self.store = store or StateStore(settings.state_file)
         self.guard = MemoryGuard(settings.memory, memory_source or ProcMemorySource())
         self.engine_factory = engine_factory
+        self.probe_factory = probe_factory  # (base_url, served_name, api_key) -> what /health etc. answer
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -374,7 +376,7 @@ class Supervisor:
             self.sm.to(State.STOPPING, "spawn failed", name)
             return _Ended(f"could not start the engine: {e}")
         self.sm.to(State.LOADING, f"engine pid {engine.pid}", name)
-        probe = EngineProbe(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
+        probe = self.probe_factory(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
 
         ended = await self._load(engine, probe, name)
         if ended is None:

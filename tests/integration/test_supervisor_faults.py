@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -18,55 +17,13 @@ import pytest
 
 from gptoss_spark.config import Settings
 from gptoss_spark.engine import EngineProcess, _session_members
-from gptoss_spark.memory import GIB, MemoryReading
 from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, OpStatus, Supervisor
 from gptoss_spark.states import State
 from gptoss_spark.systemd import Notifier
 from tests.helpers.notify_socket import NotifySocket
+from tests.helpers.supervisor_settings import FakeMemory, make_settings
 
 FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_engine.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class FakeMemory:
-    def __init__(self, available_gib: float = 100.0, psi: float | None = 0.0):
-        self.available_gib = available_gib
-        self.psi = psi
-
-    def read(self) -> MemoryReading:
-        return MemoryReading(int(self.available_gib * GIB), 128 * GIB, self.psi)
-
-
-def make_settings(tmp: Path, profiles: dict[str, str], **overrides) -> Settings:
-    model = tmp / "model"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")
-    pdir = tmp / "profiles"
-    pdir.mkdir(exist_ok=True)
-    for name, mode in profiles.items():
-        (pdir / f"{name}.toml").write_text(
-            f'description = "fake {name}"\nmemory_gib = 10\n[engine]\nenv = {{ FAKE_ENGINE_MODE = "{mode}", '
-            f'FAKE_ENGINE_MARKER = "{tmp}/marker-{name}" }}\n')
-    data = {
-        "default_profile": next(iter(profiles)),
-        "model": {"dir": str(model)},
-        "engine": {"port": free_port()},
-        "admin": {"port": free_port()},
-        "paths": {"state_dir": str(tmp / "state"), "profile_dirs": [str(pdir)]},
-        "timeouts": {"load": 10, "canary": 1, "drain": 1, "shutdown_grace": 1.5, "probe_interval": 0.2,
-                     "probe_timeout": 1},
-        "restart": {"backoff_initial": 0.1, "backoff_max": 0.3, "max_crashes": 3, "window": 60},
-        "wedge": {"canary_interval": 0.5, "stall_seconds": 1},
-        "memory": {"start_floor_gib": 1, "danger_available_gib": 2, "check_interval": 0.1},
-    }
-    for section, values in overrides.items():
-        data[section] = {**data.get(section, {}), **values}
-    return Settings.model_validate(data)
 
 
 def fake_engine_factory(settings, profile):

@@ -1,0 +1,225 @@
+"""The supervisor's policy in milliseconds: the real Supervisor, settings, state machine, restart
+policy and store, with an in-process engine whose life is scripted (engine_factory) and whose
+/health, canary and /metrics answers come from that script (probe_factory).
+
+What the engine is and does (a real vLLM, a real process tree, real HTTP) is tested in
+tests/integration; here only the decisions: when to retry, give up, roll back, restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+from gptoss_spark.probes import EngineMetrics
+from gptoss_spark.states import State
+from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK, OpStatus, Supervisor
+from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+PIDS = itertools.count(10_000)
+
+
+class ScriptedEngine:
+    """Stands in for EngineProcess. Its profile's FAKE_ENGINE_MODE says what it does:
+    crash_on_load (exits 1 while loading), crash_after=S (exits 1 S seconds after it first answers
+    /health), crash_once (only the first engine of that profile crashes), unhealthy_after=S
+    (/health fails from S seconds after start), no_tokens (/metrics shows a request that never
+    progresses), bad_canary (/health 200 but the canary fails)."""
+
+    started: list["ScriptedEngine"] = []
+
+    def __init__(self, settings, profile):
+        self.profile = profile
+        env = profile.engine_env(settings)
+        self.modes = dict((m.split("=", 1) + [""])[:2] for m in env.get("FAKE_ENGINE_MODE", "").split(",") if m)
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self.stopped_with: float | None = None
+        self._exit: asyncio.Future[int] | None = None
+        self._born = 0.0
+        self._timers: list[asyncio.TimerHandle] = []
+
+    @property
+    def base_url(self) -> str:
+        return f"fake://{self.pid}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.pid, self._exit, self._born = next(PIDS), loop.create_future(), loop.time()
+        peers = [e for e in ScriptedEngine.started if e.profile.name == self.profile.name]
+        ScriptedEngine.started.append(self)
+        first = not peers
+        if "crash_on_load" in self.modes:
+            self._timers.append(loop.call_later(0.05, self.die, 1))
+        if "crash_after" in self.modes and (first or "crash_once" not in self.modes):
+            self._timers.append(loop.call_later(float(self.modes["crash_after"]), self.die, 1))
+
+    def die(self, code: int) -> None:
+        if self._exit is not None and not self._exit.done():
+            self.returncode = code
+            self._exit.set_result(code)
+
+    async def exited(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    async def output_settled(self, timeout: float = 2.0) -> None:
+        return None
+
+    def exit_reason(self, when: str = "") -> str:
+        return f"engine exited with code {self.returncode}{when}"
+
+    async def stop(self, grace: float | None = None) -> float:
+        self.stopped_with = grace if grace is not None else -1.0
+        for t in self._timers:
+            t.cancel()
+        self.die(-15)
+        return 0.0
+
+    def age(self) -> float:
+        return asyncio.get_running_loop().time() - self._born
+
+
+class ScriptedProbe:
+    """What the supervisor's probe sees of the ScriptedEngine at base_url."""
+
+    def __init__(self, base_url: str, served_name: str, api_key: str | None = None):
+        pid = int(base_url.rsplit("/", 1)[1])
+        self.engine = next(e for e in ScriptedEngine.started if e.pid == pid)
+        self.tokens = 0
+
+    async def health(self, timeout: float) -> bool:
+        e = self.engine
+        if e.returncode is not None or "crash_on_load" in e.modes:
+            return False
+        return not ("unhealthy_after" in e.modes and e.age() > float(e.modes["unhealthy_after"]))
+
+    async def canary(self, timeout: float) -> str | None:
+        return "canary completion produced no token" if "bad_canary" in self.engine.modes else None
+
+    async def metrics(self, timeout: float) -> EngineMetrics | None:
+        if "no_tokens" in self.engine.modes:
+            return EngineMetrics(1, 0, 7)  # one request running, the token counter stuck
+        self.tokens += 1
+        return EngineMetrics(0, 0, self.tokens)
+
+
+def supervisor(tmp: Path, profiles: dict[str, str], **overrides) -> Supervisor:
+    ScriptedEngine.started = []
+    settings = make_settings(tmp, profiles, **{"timeouts": {"load": 2, "probe_interval": 0.05, "drain": 0.2},
+                                               "wedge": {"canary_interval": 0, "stall_seconds": 0.3}, **overrides})
+    return Supervisor(settings, memory_source=FakeMemory(), engine_factory=ScriptedEngine,
+                      probe_factory=ScriptedProbe)
+
+
+async def until(sup: Supervisor, task: asyncio.Task, cond, what: str, timeout: float = 10.0) -> None:
+    end = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert not task.done(), f"supervisor exited ({task.result()}) before {what}: {reasons(sup)}"
+        assert asyncio.get_running_loop().time() < end, f"timeout waiting for {what}: {reasons(sup)}"
+        await asyncio.sleep(0.01)
+
+
+def reasons(sup: Supervisor) -> list[str]:
+    return [f"{t.new.value}: {t.reason}" for t in sup.sm.history]
+
+
+async def stopped(sup: Supervisor, task: asyncio.Task) -> int:
+    sup.request_stop()
+    rc = await asyncio.wait_for(task, 10)
+    assert all(e.returncode is not None for e in ScriptedEngine.started), "an engine was left running"
+    return rc
+
+
+def test_crash_while_loading_retries_with_backoff_then_gives_up(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"bad": "crash_on_load"})
+        rc = await asyncio.wait_for(sup.run(), 10)
+        assert rc == EXIT_GAVE_UP
+        assert len(ScriptedEngine.started) == 3                       # max_crashes = 3
+        states = [t.new for t in sup.sm.history]
+        assert states.count(State.BACKOFF) == 2 and states[-1] == State.FAILED
+        assert "while loading" in sup.last_error and not sup.ever_ready
+    asyncio.run(scenario())
+
+
+def test_crash_after_ready_restarts_once_and_serves_again(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"flaky": "crash_after=0.2,crash_once"})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: len(ScriptedEngine.started) == 2 and sup.state == State.READY, "ready again")
+        assert sup.policy.total_restarts == 1 and "engine exited with code 1" in sup.last_error
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_repeated_crashes_after_ready_stay_up_failed_until_a_switch(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"doomed": "crash_after=0.1", "ok": ""})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.FAILED, "failed")
+        assert not task.done() and "gave up after 3 failures" in sup.sm.history[-1].reason
+        op = sup.request_switch("ok")
+        await asyncio.wait_for(op.done.wait(), 5)
+        assert op.status == OpStatus.SUCCEEDED and sup.profile_name == "ok" and sup.state == State.READY
+        assert sup.persisted().active_profile == "ok"
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_switch_to_a_profile_that_never_gets_ready_rolls_back(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"good": "", "broken": "crash_on_load"})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        op = sup.request_switch("broken")
+        await asyncio.wait_for(op.done.wait(), 5)
+        assert op.status == OpStatus.FAILED and op.rolled_back_to == "good" and "rolled back to good" in op.error
+        await until(sup, task, lambda: sup.state == State.READY and sup.profile_name == "good", "back on good")
+        assert [e.profile.name for e in ScriptedEngine.started] == ["good", "broken", "good"]  # no retries of broken
+        assert sup.switches == {"ok": 0, "failed": 1} and sup.persisted().last_good_profile == "good"
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_health_failing_three_times_restarts_the_engine(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"sick": "unhealthy_after=0.3"})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: len(ScriptedEngine.started) >= 2, "a restart")
+        assert any("/health failed 3 times in a row" in r for r in reasons(sup))
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_a_stuck_token_counter_with_a_running_request_is_a_wedge(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"stuck": "no_tokens"})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: len(ScriptedEngine.started) >= 2, "a restart")
+        assert any(r.startswith("stopping: wedged") for r in reasons(sup)), reasons(sup)
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_a_failing_canary_never_reports_ready(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"mute": "bad_canary"}, timeouts={"load": 0.5, "probe_interval": 0.05})
+        rc = await asyncio.wait_for(sup.run(), 10)
+        assert rc == EXIT_GAVE_UP and not sup.ever_ready
+        assert "last canary error: canary completion produced no token" in sup.last_error
+    asyncio.run(scenario())
+
+
+def test_memory_danger_stops_the_engine_with_little_grace(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"big": ""})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        sup.guard.source.available_gib = 1.0  # below danger_available_gib = 2
+        await until(sup, task, lambda: ScriptedEngine.started[0].returncode is not None, "the engine stopped")
+        assert ScriptedEngine.started[0].stopped_with == 2.0
+        assert any("memory guard" in r for r in reasons(sup))
+        sup.guard.source.available_gib = 100.0
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
