@@ -34,6 +34,12 @@ def telling_lines(lines: Iterable[str], n: int = 3) -> list[str]:
     return (errors or useful)[-n:]
 
 
+def failure_signature(reason: str) -> str:
+    """A failure's text with its numbers blanked (pids, timestamps, ports): two engine exits with the
+    same signature failed the same way, and a third attempt would too."""
+    return re.sub(r"\d+", "#", reason)
+
+
 def describe_exit(returncode: int, output: Iterable[str] = (), when: str = "") -> str:
     """`engine killed by SIGKILL (signal 9)...` or `engine exited with code 1`, then `when`
     (e.g. " while loading"), then the telling lines of its output."""

@@ -25,6 +25,7 @@ import structlog
 
 from .config import Settings
 from .engine import EngineProcess, read_api_key
+from .exit_reason import failure_signature
 from .errors import ConfigError, RequirementError
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
@@ -39,7 +40,9 @@ log = structlog.get_logger("gptoss_spark.supervisor")
 EXIT_OK = 0
 EXIT_CONFIG = 2        # bad settings / profile file
 EXIT_REQUIREMENT = 3   # e.g. no checkpoint: restarting will not help
-EXIT_GAVE_UP = 4       # the engine never became ready and crashed max_crashes times
+EXIT_GAVE_UP = 4       # the engine never became ready: it crashed max_crashes times, or in a way retries cannot fix
+# An engine that exits 2 has had its arguments rejected (argparse: vLLM's usage error): a retry fails the same.
+EXIT_ENGINE_USAGE = 2
 
 LOAD_POLL_SECONDS = 1.0
 EXTEND_EVERY_SECONDS = 10.0
@@ -109,6 +112,7 @@ class _Ended:
     command: Command | None = None
     reached_ready: bool = False
     requirement: bool = False
+    exit_code: int | None = None  # set when the engine process itself ended
 
 
 class Supervisor:
@@ -292,8 +296,11 @@ class Supervisor:
         profile = self.initial_profile()
         op: Operation | None = None
         rollback_to: str | None = None
+        last_exit: str | None = None  # failure_signature of the last engine exit before ready
         while True:
             ended = await self._run_generation(profile, op)
+            if ended.reached_ready or ended.command is not None:
+                last_exit = None
             if ended.reached_ready:
                 rollback_to = None
             cmd = ended.command
@@ -314,8 +321,14 @@ class Supervisor:
                 if op is not None and not op.done.is_set():
                     op.finish(False, ended.reason)
                 op = None
-                delay = None if ended.requirement else self.policy.record_failure()
-                if delay is None:
+                hopeless, last_exit = self._hopeless(ended, last_exit)
+                if hopeless:
+                    # Retrying cannot fix it: fail now with the engine's own line, not after max_crashes.
+                    self.sm.to(State.FAILED, f"gave up at once, {hopeless}: {ended.reason}", profile)
+                    if not self.ever_ready or self.settings.restart.on_give_up == "exit":
+                        return EXIT_GAVE_UP
+                    cmd = await self._wait_for_command(None)
+                elif (delay := None if ended.requirement else self.policy.record_failure()) is None:
                     if not self.ever_ready or self.settings.restart.on_give_up == "exit":
                         # Never served (or told to exit): `systemctl start` must fail loudly, not hang
                         # or pretend; RestartPreventExitStatus keeps systemd from looping on it.
@@ -344,6 +357,19 @@ class Supervisor:
                 if cmd.kind == CommandKind.SWITCH:
                     rollback_to = self.store.load().last_good_profile or profile
                     profile = op.target or profile
+
+    @staticmethod
+    def _hopeless(ended: _Ended, last_exit: str | None) -> tuple[str | None, str | None]:
+        """(why a retry cannot help, or None; the signature to compare the next exit with).
+
+        Only exits before ready count: vLLM's usage error (exit 2), or the same exit twice in a
+        row. Crashes after ready, load timeouts, health and memory failures keep the backoff."""
+        if ended.exit_code is None or ended.reached_ready:
+            return None, last_exit
+        if ended.exit_code == EXIT_ENGINE_USAGE:
+            return "the engine rejected its arguments (exit 2)", None
+        sig = failure_signature(ended.reason)
+        return ("the engine failed the same way twice in a row" if sig == last_exit else None), sig
 
     async def _wait_for_command(self, delay: float | None) -> Command | None:
         try:
@@ -486,7 +512,7 @@ class Supervisor:
         # its last output drains (up to 2 s when an orphaned child holds the pipe).
         self.sm.to(State.STOPPING, engine.exit_reason(when), name)
         await engine.output_settled()
-        return _Ended(engine.exit_reason(when))
+        return _Ended(engine.exit_reason(when), exit_code=engine.returncode)
 
     async def _drain(self, probe: EngineProbe, name: str, exit_task: asyncio.Task[int]) -> None:
         """Bounded wait for running requests to finish. New requests may still arrive: the bound holds."""

@@ -59,3 +59,11 @@ def test_argparse_error_beats_the_usage_text_that_names_log_levels():
 def test_prefixed_exception_line_of_an_engine_process():
     out = ["(EngineCore pid=7) INFO loading", "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory", "INFO bye"]
     assert telling_lines(out) == ["(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory"]
+
+
+def test_failure_signature_blanks_numbers_only():
+    from gptoss_spark.exit_reason import failure_signature
+    a = "engine exited with code 1 while loading: (EngineCore pid=4980) ERROR 12-02 01:27:18 [core.py:1512] boom"
+    b = "engine exited with code 1 while loading: (EngineCore pid=5123) ERROR 12-02 01:29:40 [core.py:1512] boom"
+    assert failure_signature(a) == failure_signature(b)
+    assert failure_signature(a) != failure_signature(a.replace("boom", "bang"))

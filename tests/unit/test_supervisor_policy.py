@@ -18,11 +18,14 @@ from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK, OpStatus, Supervisor
 from tests.helpers.supervisor_settings import FakeMemory, make_settings
 
 PIDS = itertools.count(10_000)
+VARIED_ERRORS = ("RuntimeError: CUDA error: an illegal memory access", "OSError: address already in use",
+                 "RuntimeError: NCCL communicator was aborted")
 
 
 class ScriptedEngine:
     """Stands in for EngineProcess. Its profile's FAKE_ENGINE_MODE says what it does:
-    crash_on_load (exits 1 while loading), crash_after=S (exits 1 S seconds after it first answers
+    crash_on_load (exits 1 while loading; =varied: with another error line each time; =usage: exits 2,
+    as vLLM does when it rejects an argument), crash_after=S (exits 1 S seconds after it first answers
     /health), crash_once (only the first engine of that profile crashes), unhealthy_after=S
     (/health fails from S seconds after start), no_tokens (/metrics shows a request that never
     progresses), bad_canary (/health 200 but the canary fails)."""
@@ -51,7 +54,7 @@ class ScriptedEngine:
         ScriptedEngine.started.append(self)
         first = not peers
         if "crash_on_load" in self.modes:
-            self._timers.append(loop.call_later(0.05, self.die, 1))
+            self._timers.append(loop.call_later(0.05, self.die, 2 if self.modes["crash_on_load"] == "usage" else 1))
         if "crash_after" in self.modes and (first or "crash_once" not in self.modes):
             self._timers.append(loop.call_later(float(self.modes["crash_after"]), self.die, 1))
 
@@ -67,7 +70,9 @@ class ScriptedEngine:
         return None
 
     def exit_reason(self, when: str = "") -> str:
-        return f"engine exited with code {self.returncode}{when}"
+        line = VARIED_ERRORS[len(ScriptedEngine.started) % len(VARIED_ERRORS)] \
+            if self.modes.get("crash_on_load") == "varied" else "RuntimeError: boom"
+        return f"engine exited with code {self.returncode}{when}: {line}"
 
     async def stop(self, grace: float | None = None) -> float:
         self.stopped_with = grace if grace is not None else -1.0
@@ -131,15 +136,53 @@ async def stopped(sup: Supervisor, task: asyncio.Task) -> int:
     return rc
 
 
-def test_crash_while_loading_retries_with_backoff_then_gives_up(tmp_path):
+def test_different_crashes_while_loading_retry_with_backoff_then_give_up(tmp_path):
     async def scenario():
-        sup = supervisor(tmp_path, {"bad": "crash_on_load"})
+        sup = supervisor(tmp_path, {"bad": "crash_on_load=varied"})
         rc = await asyncio.wait_for(sup.run(), 10)
         assert rc == EXIT_GAVE_UP
         assert len(ScriptedEngine.started) == 3                       # max_crashes = 3
         states = [t.new for t in sup.sm.history]
         assert states.count(State.BACKOFF) == 2 and states[-1] == State.FAILED
         assert "while loading" in sup.last_error and not sup.ever_ready
+    asyncio.run(scenario())
+
+
+def test_the_same_crash_twice_before_ready_gives_up_at_once(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"bad": "crash_on_load"})
+        assert await asyncio.wait_for(sup.run(), 10) == EXIT_GAVE_UP
+        assert len(ScriptedEngine.started) == 2                       # not max_crashes = 3
+        assert sup.sm.history[-1].reason.startswith("gave up at once, the engine failed the same way twice in a row: "
+                                                    "engine exited with code 1 while loading: RuntimeError: boom")
+    asyncio.run(scenario())
+
+
+def test_rejected_arguments_give_up_after_one_attempt(tmp_path):
+    async def scenario():
+        sup = supervisor(tmp_path, {"typo": "crash_on_load=usage"})
+        assert await asyncio.wait_for(sup.run(), 10) == EXIT_GAVE_UP
+        assert len(ScriptedEngine.started) == 1
+        assert "gave up at once, the engine rejected its arguments (exit 2)" in sup.sm.history[-1].reason
+        assert State.BACKOFF not in [t.new for t in sup.sm.history]
+    asyncio.run(scenario())
+
+
+def test_after_serving_a_hopeless_engine_stays_up_failed_until_a_switch(tmp_path):
+    """Having served, the service stays up in failed (the admin API can report and switch), also when the
+    failure is one retries cannot fix: here the last good profile itself now rejects its arguments."""
+    async def scenario():
+        sup = supervisor(tmp_path, {"good": "crash_after=0.5,crash_once", "ok": ""})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        (tmp_path / "profiles" / "good.toml").write_text(
+            'description = "now broken"\nmemory_gib = 10\n[engine]\nenv = { FAKE_ENGINE_MODE = "crash_on_load=usage" }\n')
+        await until(sup, task, lambda: sup.state == State.FAILED, "failed")
+        assert "rejected its arguments" in sup.sm.history[-1].reason and not task.done()
+        op = sup.request_switch("ok")
+        await asyncio.wait_for(op.done.wait(), 5)
+        assert op.status == OpStatus.SUCCEEDED and sup.state == State.READY
+        assert await stopped(sup, task) == EXIT_OK
     asyncio.run(scenario())
 
 
