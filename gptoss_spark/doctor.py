@@ -122,6 +122,24 @@ def check_flashinfer(settings: Settings, profile: Profile | None) -> list[Findin
     return findings
 
 
+def check_draft_head(settings: Settings, profile: Profile | None) -> list[Finding]:
+    """For a profile that drafts with the Eagle3 head: its aux layers against its fc and the target
+    (draft/aux_layers.py; a mismatch serves, but hardly a draft is accepted)."""
+    if profile is None or not any("eagle3" in a for a in profile.engine_args(settings)):
+        return []
+    from .draft.aux_layers import check_aux_layers, read_target
+    from .draft.head import open_head
+    try:
+        head = open_head(settings.model.eagle3_dir)
+        report, problems = check_aux_layers(head, read_target(settings.model.dir))
+    except (UserError, OSError, ValueError) as e:
+        return [Finding("draft", FAIL, f"{settings.model.eagle3_dir}: {e}")]
+    if problems:
+        return [Finding("draft", FAIL, f"{settings.model.eagle3_dir}: {'; '.join(problems)}")]
+    return [Finding("draft", OK, f"Eagle3 head taps target layers {report.get('aux_layer_ids')}, "
+                                 f"fc takes {report.get('fc_in_features')} inputs")]
+
+
 def check_service(settings: Settings) -> Finding:
     host = "127.0.0.1" if settings.admin.host in ("0.0.0.0", "::") else settings.admin.host
     try:
@@ -145,7 +163,7 @@ def run_checks(settings: Settings, venv: Path) -> list[Finding]:
         lambda: profile_finding, lambda: check_tiktoken(settings), lambda: check_patches(venv),
         lambda: check_memory(settings), check_gpu, lambda: check_service(settings)]
     findings += [c() for c in checks]
-    findings[-1:-1] = check_flashinfer(settings, profile)  # before the service line
+    findings[-1:-1] = check_flashinfer(settings, profile) + check_draft_head(settings, profile)  # before the service
     return findings
 
 

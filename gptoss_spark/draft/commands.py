@@ -65,6 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     verify = dsub.add_parser("verify", help="check a head's config, shapes and d2t as vLLM 0.32.0 reads them")
     verify.add_argument("head", type=Path, help="Eagle3 head directory")
     verify.add_argument("--counts", type=Path, help="also report the coverage of these counts")
+    verify.add_argument("--target", type=Path, help="the target model's directory: check the aux layer ids "
+                                                    "against its layers")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(func=cmd_verify)
 
@@ -116,7 +118,7 @@ def cmd_verify(args) -> int:
     from .verify import verify_head
 
     counts = load_counts(args.counts) if args.counts else None
-    report = verify_head(args.head, counts)
+    report = verify_head(args.head, counts, target_dir=args.target)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -131,7 +133,7 @@ def cmd_verify(args) -> int:
 
 def _print_verify(check: dict) -> None:
     if check["ok"]:
-        print("verify: ok (config, safetensors shapes, d2t/t2d consistent as vLLM 0.32.0 reads them)")
+        print("verify: ok (config, safetensors shapes, d2t/t2d, aux layers consistent as vLLM 0.32.0 reads them)")
     else:
         for problem in check["problems"]:
             print(f"verify: PROBLEM: {problem}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .aux_layers import check_aux_layers, read_target
 from .counts import TokenCounts
 from .head import open_head
 
@@ -23,7 +24,9 @@ def coverage(counts: TokenCounts, kept_target_ids) -> dict:
     }
 
 
-def verify_head(path: str | Path, counts: TokenCounts | None = None) -> dict:
+def verify_head(path: str | Path, counts: TokenCounts | None = None, target_dir: str | Path | None = None) -> dict:
+    """Every problem vLLM 0.32.0 would meet loading the head at path; target_dir (the target model's
+    directory) also checks the aux layer ids against the target's layers."""
     import torch
 
     head = open_head(path)
@@ -80,6 +83,10 @@ def verify_head(path: str | Path, counts: TokenCounts | None = None) -> dict:
             problems.append(f"t2d marks {int(t2d.to(torch.bool).sum())} tokens, draft_vocab_size is {k}")
         elif targets is not None and not bool(t2d.to(torch.bool)[targets.clamp(0, v - 1)].all()):
             problems.append("t2d and d2t disagree on the kept tokens")
+
+    aux, aux_problems = check_aux_layers(head, read_target(Path(target_dir)) if target_dir else None)
+    report["aux_layers"] = aux
+    problems += aux_problems
 
     if counts is not None and targets is not None:
         if counts.counts and max(counts.counts) >= v:

@@ -49,3 +49,30 @@ def test_exit_code_and_output(tmp_path, capsys):
     assert cmd_doctor(A) == 1
     out = capsys.readouterr().out
     assert out.startswith("fail  settings  ") and "engine.prot: unknown key" in out
+
+
+def test_spec_profile_checks_the_eagle3_heads_aux_layers(tmp_path):
+    """A profile drafting with the Eagle3 head gets the aux-layer check (draft/aux_layers.py) in doctor."""
+    import json
+
+    import pytest
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    s = settings(tmp_path, eagle3_dir=str(tmp_path / "eagle"))
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"num_hidden_layers": 36, "hidden_size": 16}))
+    (tmp_path / "p" / "plain.toml").write_text(
+        'description = "d"\n[engine]\nargs = ["--speculative-config", '
+        '\'{"method": "eagle3", "model": "{eagle3_dir}", "num_speculative_tokens": 1}\']\n')
+    head = tmp_path / "eagle"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 32,
+                                                  "hidden_size": 16, "eagle_aux_hidden_state_layer_ids": [2, 18]}))
+    save_file({"fc.weight": torch.zeros(16, 48), "lm_head.weight": torch.zeros(32, 16)}, str(head / "model.safetensors"))
+    f = by_check(run_checks(s, Path(sys.prefix)))
+    assert f["draft"].level == FAIL and "fc takes 48 inputs, but 2 aux layers x target hidden 16 = 32" in f["draft"].detail
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [2, 18, 33]
+    (head / "config.json").write_text(json.dumps(cfg))
+    f = by_check(run_checks(s, Path(sys.prefix)))
+    assert f["draft"].level == OK and "[2, 18, 33]" in f["draft"].detail

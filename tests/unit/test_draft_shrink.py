@@ -21,6 +21,8 @@ from gptoss_spark.draft.verify import verify_head  # noqa: E402
 from gptoss_spark.errors import UserError  # noqa: E402
 
 V, H = 64, 8  # target vocab, hidden
+AUX_LAYERS = [1, 3, 5]  # of a target with TARGET_LAYERS layers
+TARGET_LAYERS = 8
 
 
 def make_head(path, *, draft_vocab=None, speculators=False, kept=None):
@@ -33,6 +35,7 @@ def make_head(path, *, draft_vocab=None, speculators=False, kept=None):
     else:
         cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "vocab_size": V,
                "hidden_size": H, "draft_vocab_size": draft_vocab, "torch_dtype": "bfloat16"}
+    cfg["eagle_aux_hidden_state_layer_ids"] = AUX_LAYERS  # fc below takes 3 x H
     (path / "config.json").write_text(json.dumps(cfg))
     (path / "README.md").write_text("tiny test head\n")
     g = torch.Generator().manual_seed(0)
@@ -190,3 +193,54 @@ def test_cli_shrink_and_verify(tmp_path, capsys):
     assert main(["draft", "shrink", str(src), str(tmp_path / "out2"), "--keep", "4", "--counts",
                  str(tmp_path / "missing.json")]) == 2
     assert "cannot read counts file" in capsys.readouterr().err
+
+
+def write_target(path, layers=TARGET_LAYERS):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": H}))
+    return path
+
+
+def set_config(head, **changes):
+    cfg = json.loads((head / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (head / "config.json").write_text(json.dumps(cfg))
+
+
+def test_aux_layers_are_checked_against_the_fc_and_the_target(tmp_path):
+    """vLLM 0.32.0 feeds fc the target's aux layers (ids from the config, else silently its defaults):
+    ids missing, too few for fc's inputs, or outside the target are each a problem."""
+    head, target = make_head(tmp_path / "head"), write_target(tmp_path / "target")
+    report = verify_head(head, target_dir=target)
+    assert report["ok"], report["problems"]
+    assert report["aux_layers"] == {"aux_layer_ids": AUX_LAYERS, "aux_count": 3, "target_hidden_size": H,
+                                    "fc_in_features": 3 * H, "target_layers": TARGET_LAYERS}
+
+    set_config(head, eagle_aux_hidden_state_layer_ids=None)
+    problems = verify_head(head, target_dir=target)["problems"]
+    assert len(problems) == 1 and "no eagle_aux_hidden_state_layer_ids" in problems[0]
+    assert "default layers [2, 4, 5]" in problems[0]  # (2, L/2, L-3) for the 8-layer target
+
+    set_config(head, eagle_aux_hidden_state_layer_ids=[1, 5])
+    problems = verify_head(head, target_dir=target)["problems"]
+    assert problems == [f"fc takes {3 * H} inputs, but 2 aux layers x target hidden {H} = {2 * H}: the config and "
+                        "the weights disagree on how many layers feed the head"]
+
+    set_config(head, eagle_aux_hidden_state_layer_ids=[1, 5, 9])
+    assert any("aux layer ids [9] outside the target's layers 0..7" in p
+               for p in verify_head(head, target_dir=target)["problems"])
+    assert verify_head(head)["ok"]  # without the target only fc and the config are compared
+
+    set_config(head, eagle_aux_hidden_state_layer_ids=None, eagle_config={"eagle_aux_hidden_state_layer_ids": AUX_LAYERS})
+    assert verify_head(head, target_dir=target)["ok"]  # vLLM also reads them under eagle_config
+
+
+def test_cli_verify_with_target_prints_the_aux_problem(tmp_path, capsys):
+    head, target = make_head(tmp_path / "head"), write_target(tmp_path / "target", layers=4)
+    rc = main(["draft", "verify", str(head), "--target", str(target)])
+    out = capsys.readouterr().out
+    assert rc == 1 and "verify: PROBLEM: aux layer ids [5] outside the target's layers 0..3" in out
