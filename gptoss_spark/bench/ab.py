@@ -183,6 +183,9 @@ def recommend(names: list[str], runs: dict[str, dict], original: str, users: int
             reasons.append(f"{name} has no rate to compare")
             continue
         said = f"{name} is {single:.2f}x {base} single-stream and {load:.2f}x at {users} users"
+        if (run["single"].get("speculation") or {}).get("pays") is False:
+            said += f" (its speculation emits {run['single']['speculation']['tokens_per_step']:.2f} tokens per step: " \
+                    "too few to pay on a Spark)"
         if max(single, load) >= 1 + NOISE and min(single, load) >= 1 - NOISE:
             winners.append((single * load, name, said))
         elif min(single, load) < 1 - NOISE:

@@ -18,6 +18,7 @@ METRICS = {
         ("TTFT s (median)", ("summary", "ttft_s", "median"), False),
         ("completion tokens (median)", ("summary", "completion_tokens", "median"), None),
         ("valid requests", ("summary", "valid_requests"), None),
+        ("spec tokens per step", ("speculation", "tokens_per_step"), True),
     ],
     RESULT_KIND_LOADTEST: [
         ("aggregate tok/s", ("summary", "aggregate_tok_s"), True),
@@ -26,6 +27,7 @@ METRICS = {
         ("per-user decode tok/s (median)", ("summary", "per_user_decode_tok_s", "median"), True),
         ("makespan s", ("summary", "makespan_s"), False),
         ("valid requests", ("summary", "valid_requests"), None),
+        ("spec tokens per step", ("speculation", "tokens_per_step"), True),
     ],
 }
 PROTOCOL_KEYS = ("endpoint", "max_tokens", "temperature", "reasoning_effort", "ignore_eos", "prompts",

@@ -6,6 +6,7 @@ import sys
 from typing import TextIO
 
 from .seed import SEED_LABEL, SEED_LOADTEST, SEED_PROTOCOL, SEED_SINGLE_STREAM_TOK_S
+from .speculation import render as render_speculation
 
 
 class Progress:
@@ -79,6 +80,7 @@ def render_bench(result: dict) -> str:
         f"   ({s['valid_requests']}/{s['requests']} valid)",
         f"TTFT s        median {_f(t['median'], '.3f')}  min {_f(t['min'], '.3f')}  max {_f(t['max'], '.3f')}",
     ]
+    lines += render_speculation(result.get("speculation"))
     lines += _reference_single(result)
     return "\n".join(lines) + "\n"
 
@@ -113,6 +115,7 @@ def render_loadtest(result: dict) -> str:
     if result["invalid"]:
         lines += ["", "invalid requests:"]
         lines += [f"  #{i['index'] + 1} (user {i['user']}): {i['reason']}" for i in result["invalid"]]
+    lines += render_speculation(result.get("speculation"))
     ref = SEED_LOADTEST["plain"]
     lines += ["", f"reference ({SEED_LABEL}): plain profile, {ref['users']} users: "
                   f"{ref['aggregate_tok_s']} tok/s aggregate, TTFT median {ref['ttft_p50_s']} s"]

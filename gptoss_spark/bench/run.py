@@ -14,6 +14,7 @@ from ..errors import UserError
 from .load import loadtest_result, run_load
 from .prompts import Prompt, load_prompts, shipped_prompts_path
 from .render import Progress
+from . import speculation
 from .request import RequestSpec
 from .single import bench_result, run_single_stream
 from .snapshot import host_snapshot
@@ -57,13 +58,16 @@ def single_stream(args, prompts: list[Prompt], source: str, target: Target) -> d
     spec = request_spec(args, target)
     started = datetime.now(timezone.utc)
     progress = _progress(args)
+    before = speculation.read_counters(target.base_url)
     try:
         warm, measured, wall = asyncio.run(
             run_single_stream(target, spec, prompts, args.requests, args.warmup, args.timeout, progress))
     finally:
         progress.close()
     host = host_snapshot(args.admin_url, target.server_version)
-    return bench_result(target, spec, source, args.requests, args.warmup, warm, measured, wall, host, started)
+    result = bench_result(target, spec, source, args.requests, args.warmup, warm, measured, wall, host, started)
+    result["speculation"] = speculation.acceptance(before, speculation.read_counters(target.base_url))
+    return result
 
 
 def load(args, prompts: list[Prompt], source: str, target: Target) -> dict:
@@ -71,11 +75,14 @@ def load(args, prompts: list[Prompt], source: str, target: Target) -> dict:
     spec = request_spec(args, target)
     started = datetime.now(timezone.utc)
     progress = _progress(args)
+    before = speculation.read_counters(target.base_url)
     try:
         warm, measured, start, end = asyncio.run(
             run_load(target, spec, prompts, args.users, args.requests_per_user, args.warmup, args.timeout, progress))
     finally:
         progress.close()
     host = host_snapshot(args.admin_url, target.server_version)
-    return loadtest_result(target, spec, source, args.users, args.requests_per_user, args.warmup,
-                           warm, measured, start, end, host, started)
+    result = loadtest_result(target, spec, source, args.users, args.requests_per_user, args.warmup,
+                             warm, measured, start, end, host, started)
+    result["speculation"] = speculation.acceptance(before, speculation.read_counters(target.base_url))
+    return result
