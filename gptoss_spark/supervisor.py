@@ -24,7 +24,8 @@ from typing import Callable
 import structlog
 
 from .config import Settings
-from .engine import EngineProcess, read_api_key
+from .api_access import read_api_key
+from .engine import EngineProcess
 from .errors import ConfigError, RequirementError
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
