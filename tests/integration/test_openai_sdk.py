@@ -232,3 +232,26 @@ def test_sdk_with_a_wrong_key_gets_authentication_error(engine):
     with openai.OpenAI(base_url=engine.openai_base_url, api_key="not-the-key", max_retries=0) as c:
         with pytest.raises(openai.AuthenticationError):
             c.models.list()
+
+
+def test_supervisor_probes_work_with_the_key(engine):
+    """The probes the supervisor builds (read_api_key -> EngineProbe): the canary needs the key, the rest do not."""
+    import asyncio
+
+    from gptoss_spark.probes import EngineProbe
+
+    keyed, bare = EngineProbe(engine.base_url, engine.model, engine.api_key), EngineProbe(engine.base_url, engine.model)
+    assert asyncio.run(keyed.canary(120)) is None
+    assert "HTTP 401" in asyncio.run(bare.canary(120))
+    assert asyncio.run(bare.health(30)) is True
+    assert asyncio.run(bare.metrics(30)) is not None  # /metrics is open even with a key
+
+
+def test_bench_target_sends_the_key(engine):
+    from gptoss_spark.bench.target import resolve_target
+    from gptoss_spark.errors import UserError
+
+    target = resolve_target(engine.base_url, None, api_key=engine.api_key)
+    assert target.model == engine.model and target.headers == {"Authorization": f"Bearer {engine.api_key}"}
+    with pytest.raises(UserError, match="answered HTTP 401: the engine wants an API key; pass --api-key-file"):
+        resolve_target(engine.base_url, None)
