@@ -8,6 +8,7 @@ import asyncio
 import structlog
 
 from . import logs
+from .api_access import check_api_access
 from .config import load_settings, resolve_config_path
 from .profiles import get_profile, load_profiles
 from .state import StateStore
@@ -35,6 +36,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     name = args.profile or StateStore(settings.state_file).load().active_profile or settings.default_profile
     profile = get_profile(profiles, name, settings)
     profile.check_requirements(settings)
+    check_api_access(settings)
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
           f"profile {name} can start")
     return 0
@@ -46,6 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(resolve_config_path(args.config))
     supervisor = Supervisor(settings, notifier=notifier)
     supervisor.initial_profile()  # a bad default_profile is a config error: exit before anything starts
+    check_api_access(settings)  # likewise a bind address not on this host, or an unreadable key
     return asyncio.run(_serve(supervisor))
 
 

@@ -36,7 +36,8 @@ class ModelSettings(_Section):
 
 
 class EngineSettings(_Section):
-    # Loopback by default: vLLM's OpenAI API has no auth unless api_key_file is set.
+    # Loopback by default: vLLM's OpenAI API has no auth unless api_key_file is set,
+    # and any other address requires it (api_access.py).
     host: str = "127.0.0.1"
     port: int = Field(8100, ge=1, le=65535)
     # Interpreter that runs vLLM; empty = the one running the supervisor (same venv).
@@ -122,6 +123,16 @@ class Settings(_Section):
             raise ValueError("engine.port and admin.port must differ")
         return self
 
+    @model_validator(mode="after")
+    def _network_needs_a_key(self) -> "Settings":
+        # Beyond loopback anyone on the network could use the engine: not without a key.
+        from .api_access import is_loopback
+
+        if not is_loopback(self.engine.host) and self.engine.api_key_file is None:
+            raise ValueError(f"engine.host {self.engine.host!r} serves the network, so engine.api_key_file is "
+                             "required: set it to /etc/gptoss-spark/api.key (the installer makes it)")
+        return self
+
     # Caches live under the state dir so a restart (and a reboot) compiles nothing.
     @property
     def cache_dir(self) -> Path:
@@ -192,6 +203,8 @@ def validation_to_config_error(path: Path, err: ValidationError, prefix: str = "
     got = first.get("input")
     shown = repr(got) if not isinstance(got, (dict, list)) or len(repr(got)) < 60 else type(got).__name__
     msg = first["msg"].removeprefix("Value error, ")
+    if not first["loc"]:  # a rule across keys: the message names them
+        return ConfigError(path, None, msg, "correct the value")
     return ConfigError(path, key or None, f"{msg} (got {shown})", "correct the value")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from .api_access import read_api_key
 from .config import Settings
 from .exit_reason import describe_exit
 from .flashinfer_jit import cache as fi_cache
@@ -57,14 +58,6 @@ def build_argv(settings: Settings, profile: Profile) -> list[str]:
     if settings.engine.cpu_affinity:
         argv = ["taskset", "-c", ",".join(map(str, settings.engine.cpu_affinity)), *argv]
     return argv
-
-
-def read_api_key(settings: Settings) -> str | None:
-    path = settings.engine.api_key_file
-    if path is None:
-        return None
-    key = path.read_text().strip()
-    return key or None
 
 
 def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -24,7 +24,8 @@ from typing import Callable
 import structlog
 
 from .config import Settings
-from .engine import EngineProcess, read_api_key
+from .api_access import read_api_key
+from .engine import EngineProcess
 from .exit_reason import failure_signature
 from .errors import ConfigError, RequirementError
 from .memory import MemoryGuard, MemorySource, ProcMemorySource

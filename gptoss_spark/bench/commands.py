@@ -15,7 +15,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
@@ -48,6 +48,9 @@ def _add_common(p: argparse.ArgumentParser, max_tokens: int, *, from_settings: b
         p.add_argument("--url", help="OpenAI-compatible endpoint (default: the engine's address in the settings)")
     else:
         p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
+    p.add_argument("--api-key-file", type=Path,
+                   help="file with the engine's API key (default: engine.api_key_file of the settings, "
+                        "sent only to the engine address the settings name)")
     p.add_argument("--model", help="served model name (default: gptoss, or the only model served)")
     p.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="chat",
                    help="chat = the seed protocol; completions = raw decode, no chat template (default chat)")
@@ -120,16 +123,46 @@ def _emit(result: dict, args, human: str) -> None:
     print(json.dumps(result, indent=2) if args.json else human, end="\n" if args.json else "")
 
 
+def api_key_for(args, url: str, settings=None) -> str | None:
+    """The key to send to url: --api-key-file's, else the settings' key if url is the settings' engine.
+
+    Never the service's key to another server: --url elsewhere needs --api-key-file.
+    """
+    from ..admin_cli import local_url
+    from ..api_access import read_api_key
+    from ..config import load_settings, resolve_config_path
+
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as e:
+            raise UserError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}; "
+                            "pass a readable file (root or the gptoss-spark group for the service's)") from None
+        if not key:
+            raise UserError(f"--api-key-file {args.api_key_file} is empty; pass the file with the key")
+        return key
+    if settings is None:
+        try:
+            settings = load_settings(resolve_config_path(getattr(args, "config", None)), must_exist=False)
+        except ConfigError:
+            return None  # no usable settings, so no key of theirs; a 401 then says --api-key-file
+    if url.rstrip("/") != local_url(settings.engine.host, settings.engine.port):
+        return None
+    return read_api_key(settings)
+
+
 def cmd_bench(args) -> int:
     prompts, source = run.prompts_for(args)
-    result = run.single_stream(args, prompts, source, resolve_target(args.url, args.model))
+    target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
+    result = run.single_stream(args, prompts, source, target)
     _emit(result, args, render_bench(result))
     return 0 if result["summary"]["invalid_requests"] == 0 else 1
 
 
 def cmd_loadtest(args) -> int:
     prompts, source = run.prompts_for(args)
-    result = run.load(args, prompts, source, resolve_target(args.url, args.model))
+    target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
+    result = run.load(args, prompts, source, target)
     _emit(result, args, render_loadtest(result))
     return 0 if result["summary"]["invalid_requests"] == 0 else 1
 
@@ -158,6 +191,7 @@ def cmd_ab(args) -> int:
     settings = load_settings(resolve_config_path(args.config), must_exist=False)
     args.admin_url = admin_url(settings)
     url = args.url or local_url(settings.engine.host, settings.engine.port)
+    api_key = api_key_for(args, url, settings)
     prompts, source = run.prompts_for(args)
     listing = Client(settings).json("GET", "/admin/profile")[1]
     check_profile_names(names, [p["name"] for p in listing.get("profiles") or []])
@@ -168,7 +202,7 @@ def cmd_ab(args) -> int:
     service = Service(Client(settings, read_token_for_cli(settings)), switch_limit(settings), _say)
 
     def measure(name: str, result: dict) -> None:
-        target = resolve_target(url, args.model)
+        target = resolve_target(url, args.model, api_key=api_key)
         _say(f"{name}: single stream, {args.warmup} warm-up + {args.requests} requests")
         result["single"] = run.single_stream(args, prompts, source, target)
         _say(f"{name}: {args.users} users")

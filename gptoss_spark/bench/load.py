@@ -34,7 +34,7 @@ async def run_load(
     say = progress or (lambda text: None)
     total = users * requests_per_user
     finished: list[RequestRecord] = []
-    async with http_client(timeout, connections=users + 2) as client:
+    async with http_client(timeout, connections=users + 2, headers=target.headers) as client:
         t0 = time.perf_counter()
         warm = await warm_up(client, target, spec, warmup, t0, say)
 

@@ -29,12 +29,13 @@ WARMUP_PROMPT = Prompt(
 )
 
 
-def http_client(timeout: float, connections: int = 4) -> httpx.AsyncClient:
+def http_client(timeout: float, connections: int = 4, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     # read= is the longest gap between two chunks: a cold engine's first token
     # can take minutes, so it is the user's knob (--timeout).
     return httpx.AsyncClient(
         timeout=httpx.Timeout(connect=10.0, read=timeout, write=30.0, pool=None),
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        headers=headers,
     )
 
 
@@ -50,7 +51,7 @@ async def run_single_stream(
     """Returns (warm-up records, measured records, wall seconds)."""
     say = progress or (lambda text: None)
     measured: list[RequestRecord] = []
-    async with http_client(timeout) as client:
+    async with http_client(timeout, headers=target.headers) as client:
         t0 = time.perf_counter()
         warm = await warm_up(client, target, spec, warmup, t0, say)
         for i in range(requests):

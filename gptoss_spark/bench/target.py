@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -25,15 +25,25 @@ class Target:
     served_models: tuple[str, ...]
     max_model_len: int | None
     server_version: str | None
+    # Sent as "Authorization: Bearer" on every request when the engine has a key (engine.api_key_file).
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return auth_headers(self.api_key)
 
 
-def resolve_target(base_url: str, model: str | None, timeout: float = 10.0) -> Target:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def resolve_target(base_url: str, model: str | None, timeout: float = 10.0, api_key: str | None = None) -> Target:
     """Ask /v1/models which model to use; /version for vLLM's version (optional)."""
     base_url = base_url.rstrip("/")
     if not base_url.startswith(("http://", "https://")):
         raise UserError(f"--url {base_url!r} is not an http(s) URL; pass e.g. --url {DEFAULT_BASE_URL}")
     try:
-        with httpx.Client(timeout=timeout) as client:
+        with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
             resp = client.get(base_url + "/v1/models")
             version = None
             try:
@@ -47,6 +57,10 @@ def resolve_target(base_url: str, model: str | None, timeout: float = 10.0) -> T
             f"cannot reach {base_url} ({type(e).__name__}: {e}); is the service running? "
             "check `systemctl status gptoss-spark` or pass --url"
         ) from None
+    if resp.status_code == 401:
+        raise UserError(f"{base_url}/v1/models answered HTTP 401: the engine wants an API key"
+                        + (" and this one is not it" if api_key else "")
+                        + "; pass --api-key-file with the file engine.api_key_file names")
     if resp.status_code != 200:
         raise ServerUnreachable(
             f"{base_url}/v1/models answered HTTP {resp.status_code}; the engine is not ready "
@@ -64,6 +78,7 @@ def resolve_target(base_url: str, model: str | None, timeout: float = 10.0) -> T
         served_models=tuple(served),
         max_model_len=served[chosen].get("max_model_len"),
         server_version=version,
+        api_key=api_key,
     )
 
 

@@ -137,8 +137,9 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     layout = _layout(args)
-    p = placement.ensure_token(layout, dry_run=args.dry_run)
-    _say(p.line(layout) + ("" if p.action == "unchanged" else " (mode 0640, root:gptoss-spark)"))
+    for ensure in (placement.ensure_token, placement.ensure_api_key):
+        p = ensure(layout, dry_run=args.dry_run)
+        _say(p.line(layout) + ("" if p.action == "unchanged" else " (mode 0640, root:gptoss-spark)"))
     return 0
 
 
@@ -257,7 +258,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp = step("assets", cmd_assets, "tiktoken file (and the demo model with --cpu)", mode=True)
     sp.add_argument("--venv-id", required=True)
     step("config", cmd_config, "config and profiles, only if absent (.dist beside)", source=True, mode=True)
-    step("token", cmd_token, "admin token, only if absent")
+    step("token", cmd_token, "admin token and API key, only if absent")
     sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
     sp.add_argument("--venv-id", required=True)
     step("unit", cmd_unit, "install the systemd unit file", source=True)

@@ -110,6 +110,10 @@ class Layout:
     def token_file(self) -> Path:
         return self.etc_dir / "admin.token"
 
+    @property
+    def api_key_file(self) -> Path:
+        return self.etc_dir / "api.key"
+
     # /var/lib/gptoss-spark: the service's own (caches, state, demo model).
     @property
     def state_dir(self) -> Path:

@@ -1,4 +1,4 @@
-"""Directories, config, profiles, admin token and the unit file.
+"""Directories, config, profiles, admin token, API key and the unit file.
 
 The rule for the admin's files (/etc/gptoss-spark): written only if absent.
 If one exists and differs from what this version ships, it stays as it is
@@ -214,12 +214,32 @@ def place_config(layout: Layout, source: Path, *, cpu: bool, dry_run: bool = Fal
     return placed
 
 
-# ------------------------------------------------------------ admin token
+# ------------------------------------------------------------ admin token and API key
+
+def _new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
 
 def ensure_token(layout: Layout, *, dry_run: bool = False, gid: int | None = None,
-                 make: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> Placed:
+                 make: Callable[[], str] = _new_secret) -> Placed:
     """admin.token: created once (never rotated by an install), 0640 root:<service group>."""
-    path = layout.token_file
+    return ensure_secret(layout, layout.token_file, dry_run=dry_run, gid=gid, make=make)
+
+
+def ensure_api_key(layout: Layout, *, dry_run: bool = False, gid: int | None = None,
+                   make: Callable[[], str] = _new_secret) -> Placed:
+    """api.key, the key vLLM asks for on /v1 once engine.api_key_file names it: made like admin.token.
+
+    Made on every host, used only where the settings point at it (required when
+    engine.host is not loopback), so opening the API to the network needs no
+    installer run. Never rotated by an install: clients hold copies.
+    """
+    return ensure_secret(layout, layout.api_key_file, dry_run=dry_run, gid=gid, make=make)
+
+
+def ensure_secret(layout: Layout, path: Path, *, dry_run: bool = False, gid: int | None = None,
+                  make: Callable[[], str] = _new_secret) -> Placed:
+    """A secret file created once, 0640 root:<service group>; an existing one keeps its content."""
     if gid is None:
         svc = ids(layout)
         gid = svc[1] if svc else 0

@@ -42,12 +42,13 @@ def uninstall(layout: Layout, *, purge: bool, dry_run: bool = False) -> list[str
         handed = hand_to_root(layout, keep, dry_run=dry_run)
         if handed:
             lines.append(f"  {'would give' if dry_run else 'gave'} {handed} kept files to root:root "
-                         f"(the service user and group are deleted next), {layout.real(layout.token_file)} mode 0600")
+                         f"(the service user and group are deleted next), {layout.real(layout.token_file)} and "
+                         f"{layout.real(layout.api_key_file)} mode 0600")
     return lines
 
 
 def hand_to_root(layout: Layout, kept: list[Path], *, dry_run: bool = False) -> int:
-    """chown what is kept to root:root and make the token 0600, before userdel/groupdel:
+    """chown what is kept to root:root and make the token and API key 0600, before userdel/groupdel:
     files owned by a deleted uid/gid would be readable by whoever gets that number next.
     Returns how many paths were (or would be) changed."""
     changed: set[Path] = set()
@@ -58,9 +59,9 @@ def hand_to_root(layout: Layout, kept: list[Path], *, dry_run: bool = False) -> 
                 changed.add(p)
                 if not dry_run:
                     os.chown(p, 0, 0, follow_symlinks=False)
-    tok = layout.token_file
-    if tok.is_file() and not tok.is_symlink() and stat.S_IMODE(tok.stat().st_mode) != 0o600:
-        changed.add(tok)
-        if not dry_run:
-            os.chmod(tok, 0o600)
+    for tok in (layout.token_file, layout.api_key_file):
+        if tok.is_file() and not tok.is_symlink() and stat.S_IMODE(tok.stat().st_mode) != 0o600:
+            changed.add(tok)
+            if not dry_run:
+                os.chmod(tok, 0o600)
     return len(changed)

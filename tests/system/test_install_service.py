@@ -171,6 +171,8 @@ def test_cold_install(ns):
     ns.sh("id gptoss-spark")
     ns.sh("test -L /opt/gptoss-spark/current && test -x /opt/gptoss-spark/current/bin/gptoss-spark")
     ns.sh("test \"$(stat -c %a:%U:%G /etc/gptoss-spark/admin.token)\" = 640:root:gptoss-spark")
+    ns.sh("test \"$(stat -c %a:%U:%G /etc/gptoss-spark/api.key)\" = 640:root:gptoss-spark")
+    ns.sh("! cmp -s /etc/gptoss-spark/api.key /etc/gptoss-spark/admin.token")  # two secrets, not one
     ns.sh("grep -q 'default_profile = \"demo\"' /etc/gptoss-spark/gptoss-spark.toml")
     ns.sh("test -f /var/lib/gptoss-spark/demo-model/config.json")
     ns.sh("systemctl is-enabled gptoss-spark")
@@ -289,6 +291,7 @@ def test_uninstall_keeps_config(ns):
     ns.sh("test ! -e /etc/systemd/system/gptoss-spark.service && test ! -e /opt/gptoss-spark")
     ns.sh("! id gptoss-spark 2>/dev/null")
     ns.sh("test -f /etc/gptoss-spark/gptoss-spark.toml && test -f /etc/gptoss-spark/admin.token")
+    ns.sh("test \"$(stat -c %a:%U:%G /etc/gptoss-spark/api.key)\" = 600:root:root")
     ns.sh("test -d /var/lib/gptoss-spark")
     assert "could not be found" in ns.sh("systemctl status gptoss-spark 2>&1", check=False).stdout
 

@@ -12,6 +12,7 @@ block; an Eagle3 Llama head), so the model and speculative configs resolve.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,12 +64,16 @@ def eagle3_head_config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+def checkpoints(tmp_path_factory, demo_model_dir) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("ckpt")
     model, eagle = root / "gpt-oss-120b", root / "gpt-oss-120b-Eagle3"
     for d, cfg in ((model, gpt_oss_120b_config()), (eagle, eagle3_head_config())):
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg))
+    # The reasoning parser (structured outputs) makes VllmConfig load the tokenizer:
+    # the demo model carries gpt-oss's own (o200k_harmony).
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_dir / name, model / name)
     return model, eagle
 
 
@@ -136,6 +141,23 @@ def test_profile_argv_is_accepted_by_vllm(path, configs):
     args, vc = configs(path)
     assert vc.model_config.served_model_name in ("gptoss", ["gptoss"])
     assert args.count("--model") == 1  # the service sets it; a profile may not
+
+
+@pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_profiles_serve_what_gpt_oss_clients_use(path, configs):
+    """Tool calls, the reasoning split and a reasoning-aware JSON grammar (docs/CONFIGURATION.md).
+
+    Without --tool-call-parser openai --enable-auto-tool-choice, tool_choice="required"
+    answers plain text and "auto" drops the tools; without the reasoning parser the
+    structured-output grammar constrains the analysis channel too.
+    """
+    args, vc = configs(path)
+    ns = parse(args)
+    assert ns.tool_call_parser == "openai"  # vllm/tool_parsers: GptOssToolParser
+    assert ns.enable_auto_tool_choice is True
+    assert ns.reasoning_parser == "openai_gptoss"  # vllm/reasoning: GptOssReasoningParser
+    assert vc.structured_outputs_config.reasoning_parser == "openai_gptoss"
+    assert vc.structured_outputs_config.enable_in_reasoning is False
 
 
 @pytest.mark.parametrize("name", ["plain", "spec"])
