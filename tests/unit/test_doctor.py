@@ -49,3 +49,23 @@ def test_exit_code_and_output(tmp_path, capsys):
     assert cmd_doctor(A) == 1
     out = capsys.readouterr().out
     assert out.startswith("fail  settings  ") and "engine.prot: unknown key" in out
+
+
+def test_syscall_filter_finding_names_the_drop_in_and_the_way_out(tmp_path):
+    from gptoss_spark.doctor import WARN, check_syscall_filter
+
+    dropin = tmp_path / "20-syscall-filter.conf"
+    assert "absent" in check_syscall_filter(dropin).detail
+    dropin.write_text("[Service]\nSystemCallFilter=@system-service\n")
+    on = check_syscall_filter(dropin)
+    assert on.level == OK and str(dropin) in on.detail and "ln -sf /dev/null" in on.detail
+    dropin.unlink()
+    dropin.symlink_to("/dev/null")
+    off = check_syscall_filter(dropin)
+    assert off.level == WARN and "turned off" in off.detail and f"rm {dropin}" in off.detail
+
+
+def test_doctor_lists_the_syscall_filter(tmp_path):
+    install_tiktoken_file(tmp_path / "tk")
+    f = by_check(run_checks(settings(tmp_path, tiktoken_dir=str(tmp_path / "tk")), Path(sys.prefix)))
+    assert "seccomp" in f and "syscall filter" in f["seccomp"].detail

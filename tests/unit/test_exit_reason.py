@@ -59,3 +59,11 @@ def test_argparse_error_beats_the_usage_text_that_names_log_levels():
 def test_prefixed_exception_line_of_an_engine_process():
     out = ["(EngineCore pid=7) INFO loading", "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory", "INFO bye"]
     assert telling_lines(out) == ["(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory"]
+
+
+def test_sigsys_names_the_syscall_filter_and_how_to_turn_it_off():
+    r = describe_exit(-31, ["INFO 12-01 loading"])
+    assert r.startswith("engine killed by SIGSYS (signal 31)")
+    assert "SystemCallFilter" in r and "/etc/systemd/system/gptoss-spark.service.d/20-syscall-filter.conf" in r
+    assert "sudo ln -sf /dev/null" in r and "type=1326" in r
+    assert "OOM" not in r
