@@ -58,7 +58,7 @@ def install_shipped(layout: Layout, source: Path, *, dry_run: bool = False) -> l
 
 # ------------------------------------------------------------ 30-lan.conf
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -95,7 +95,7 @@ def lan_allow(hosts: list[str], networks: list[tuple[str, str]]) -> list[str]:
     address for a wildcard host. Raises ValueError for a host this machine does not have."""
     allow: list[str] = []
     for host in hosts:
-        if _is_loopback(host):
+        if is_loopback(host):
             continue
         if host in ("0.0.0.0", "::"):
             picked = [net for _, net in networks if host == "::" or ":" not in net]
@@ -128,7 +128,7 @@ def place_lan(layout: Layout, *, addresses: str | None = None, dry_run: bool = F
     """Write, rewrite or remove 30-lan.conf to match the config; None when neither is needed."""
     dest = layout.dropin_dir / LAN
     hosts = bound_hosts(layout.config_file)
-    if all(_is_loopback(h) for h in hosts):
+    if all(is_loopback(h) for h in hosts):
         if not (dest.exists() or dest.is_symlink()) or is_masked(dest):
             return None
         if not dry_run:

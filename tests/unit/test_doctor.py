@@ -69,3 +69,15 @@ def test_doctor_lists_the_syscall_filter(tmp_path):
     install_tiktoken_file(tmp_path / "tk")
     f = by_check(run_checks(settings(tmp_path, tiktoken_dir=str(tmp_path / "tk")), Path(sys.prefix)))
     assert "seccomp" in f and "syscall filter" in f["seccomp"].detail
+
+
+def test_host_off_loopback_without_the_lan_dropin_fails(tmp_path):
+    from gptoss_spark.doctor import check_lan_dropin
+
+    dropin = tmp_path / "30-lan.conf"
+    assert check_lan_dropin(Settings(), dropin).level == OK
+    lan = Settings.model_validate({"engine": {"host": "0.0.0.0"}})
+    f = check_lan_dropin(lan, dropin)
+    assert f.level == FAIL and "engine.host 0.0.0.0" in f.detail and "install.sh" in f.detail
+    dropin.write_text("[Service]\nIPAddressAllow=192.168.1.0/24\n")
+    assert check_lan_dropin(lan, dropin).level == OK
