@@ -18,6 +18,7 @@ import httpx
 
 from .config import Settings, load_settings, resolve_config_path
 from .errors import ConfigError, UserError
+from .exit_reason import SYSCALL_FILTER_DROPIN, SYSCALL_FILTER_OFF
 from .memory import ProcMemorySource
 from .profiles import Profile, load_profiles
 from .state import StateStore
@@ -156,12 +157,41 @@ def check_service(settings: Settings) -> Finding:
     return Finding("service", WARN, f"not ready: {state} (see gptoss-spark status, journalctl -u gptoss-spark)")
 
 
+def check_syscall_filter(dropin: Path = Path(SYSCALL_FILTER_DROPIN)) -> Finding:
+    """Say whether the unit's syscall filter is on, and how to turn it off: it is the
+    hardening that could not be tried on a Spark's CUDA path before shipping."""
+    if dropin.is_symlink() and str(dropin.readlink()) == "/dev/null":
+        return Finding("seccomp", WARN, f"syscall filter turned off ({dropin} -> /dev/null); "
+                       f"to turn it back on: sudo rm {dropin} && sudo install.sh")
+    if not dropin.exists():
+        return Finding("seccomp", OK, f"no syscall filter drop-in ({dropin} absent)")
+    return Finding("seccomp", OK, f"syscall filter on ({dropin}); if the engine dies with SIGSYS under it, "
+                   f"turn it off: {SYSCALL_FILTER_OFF}")
+
+
+def check_lan_dropin(settings: Settings,
+                     dropin: Path = Path("/etc/systemd/system/gptoss-spark.service.d/30-lan.conf")) -> Finding:
+    """The unit lets loopback traffic through only; a host off loopback needs the drop-in
+    install.sh writes, or clients get no answer at all (their connections time out)."""
+    from .install.dropins import is_loopback, is_masked
+
+    off = [f"{name}.host {host}" for name, host in (("engine", settings.engine.host), ("admin", settings.admin.host))
+           if not is_loopback(host)]
+    if not off:
+        return Finding("ip-rules", OK, "loopback only (IPAddressDeny=any, IPAddressAllow=localhost)")
+    if dropin.exists() and not is_masked(dropin):
+        return Finding("ip-rules", OK, f"{', '.join(off)}: networks allowed by {dropin}")
+    return Finding("ip-rules", FAIL, f"{', '.join(off)} is off loopback but the unit allows loopback traffic only "
+                   f"({dropin} missing): clients elsewhere get no answer; run install.sh again to write it")
+
+
 def run_checks(settings: Settings, venv: Path) -> list[Finding]:
     findings = [Finding("settings", OK, str(settings.source or "defaults"))]
     profile_finding, profile = check_profile(settings)
     checks: list[Callable[[], Finding]] = [
         lambda: profile_finding, lambda: check_tiktoken(settings), lambda: check_patches(venv),
-        lambda: check_memory(settings), check_gpu, lambda: check_service(settings)]
+        lambda: check_memory(settings), check_gpu, check_syscall_filter, lambda: check_lan_dropin(settings),
+        lambda: check_service(settings)]
     findings += [c() for c in checks]
     findings[-1:-1] = check_flashinfer(settings, profile) + check_draft_head(settings, profile)  # before the service
     return findings
@@ -169,7 +199,7 @@ def run_checks(settings: Settings, venv: Path) -> list[Finding]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, "
-                                      "FlashInfer modules, service")
+                                      "FlashInfer modules, syscall filter, IP rules, service")
     p.add_argument("--config")
     p.add_argument("--venv", default=sys.prefix, help="venv whose vLLM patches to check (default: this one)")
     p.add_argument("--json", action="store_true")

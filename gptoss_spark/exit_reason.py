@@ -25,6 +25,14 @@ _ERRORISH = re.compile(r"\b(ERROR|CRITICAL)(:|\s+\d\d-\d\d\s)|: error: |Tracebac
 # A SIGKILL nobody here sent is most often the kernel's OOM killer.
 _KILL_HINT = "; if nothing here sent it, check `journalctl -k` for the kernel's OOM killer"
 
+# SIGSYS is what the unit's syscall filter does to a process that makes a call
+# it blocks (systemd's default action): name the drop-in and the way out.
+SYSCALL_FILTER_DROPIN = "/etc/systemd/system/gptoss-spark.service.d/20-syscall-filter.conf"
+SYSCALL_FILTER_OFF = (f"sudo ln -sf /dev/null {SYSCALL_FILTER_DROPIN} && sudo systemctl daemon-reload "
+                      "&& sudo systemctl restart gptoss-spark")
+_SYS_HINT = (f"; a system call blocked by the unit's SystemCallFilter ({SYSCALL_FILTER_DROPIN}); "
+             "`journalctl -k | grep type=1326` names it (syscall=N); turn the filter off: " + SYSCALL_FILTER_OFF)
+
 
 def telling_lines(lines: Iterable[str], n: int = 3) -> list[str]:
     """The last n lines that say something: error lines if there are any, else the last
@@ -49,7 +57,7 @@ def describe_exit(returncode: int, output: Iterable[str] = (), when: str = "") -
             name = signal.Signals(num).name
         except ValueError:
             name = f"signal {num}"
-        what = f"engine killed by {name} (signal {num}){when}" + (_KILL_HINT if num == signal.SIGKILL else "")
+        what = f"engine killed by {name} (signal {num}){when}" + {signal.SIGKILL: _KILL_HINT, signal.SIGSYS: _SYS_HINT}.get(num, "")
     else:
         what = f"engine exited with code {returncode}{when}"
     shown = telling_lines(output)

@@ -13,8 +13,8 @@ import platform
 import sys
 from pathlib import Path
 
-from . import locks, placement, preflight, uninstall, venvs
-from .layout import EXIT_PYTHON, InstallError, Layout, layout_from_env
+from . import dropins, locks, placement, preflight, uninstall, venvs
+from .layout import EXIT_LAN, EXIT_PYTHON, InstallError, Layout, layout_from_env
 
 
 def _say(*lines: str) -> None:
@@ -144,13 +144,26 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_unit(args: argparse.Namespace) -> int:
+    """The unit, its shipped drop-ins (the syscall filter) and 30-lan.conf for a LAN bind."""
     layout = _layout(args)
+    try:  # before writing anything: a bad bind host changes nothing
+        lan = dropins.place_lan(layout, dry_run=True)
+    except ValueError as e:
+        raise InstallError(str(e), EXIT_LAN) from e
     p = placement.install_unit(layout, _source(args), dry_run=args.dry_run)
     _say(p.line(layout))
     if p.action == "replaced":
         _say(f"  (the previous unit file is saved as {layout.real(layout.unit_file)}.old; "
              "put local changes in a drop-in: systemctl edit gptoss-spark)")
-    _answer("unchanged" if p.action == "unchanged" else "changed")
+    placed = dropins.install_shipped(layout, _source(args), dry_run=args.dry_run)
+    if lan is not None and not args.dry_run:
+        lan = dropins.place_lan(layout)
+    placed += [lan] if lan is not None else []
+    for d in placed:
+        if d.action != "unchanged":
+            _say(d.line(layout))
+    changed = [x for x in [p, *placed] if x.action not in ("unchanged", "masked")]
+    _answer("changed" if changed else "unchanged")
     return 0
 
 

@@ -38,6 +38,7 @@ EXIT_START = 24         # the service did not become ready (previous install res
 EXIT_NO_PREVIOUS = 25   # --rollback with no previous install to go back to
 EXIT_NOT_INSTALLED = 26
 EXIT_FLASHINFER = 27     # FlashInfer JIT modules did not build or link
+EXIT_LAN = 28           # engine.host/admin.host is not an address of this machine (30-lan.conf)
 
 
 class InstallError(UserError):

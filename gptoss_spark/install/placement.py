@@ -27,7 +27,7 @@ DEMO_PROFILE = "demo"
 @dataclass
 class Placed:
     path: Path
-    action: str   # created | unchanged | kept | would-create | would-keep | replaced | would-replace
+    action: str   # created | unchanged | kept | replaced | masked | removed, or would-<action>
 
     def line(self, layout: Layout) -> str:
         p = layout.real(self.path)
@@ -39,6 +39,9 @@ class Placed:
             "would-keep": f"  would keep your {p} and write the new default to {p}.dist",
             "replaced": f"  updated {p}",
             "would-replace": f"  would update {p}",
+            "masked": f"  {p} is turned off (a link to /dev/null): kept off",
+            "removed": f"  removed {p}",
+            "would-remove": f"  would remove {p}",
             "foreign": f"  WARNING: left {p} alone: it is not our link; the command is "
                        f"{layout.real(layout.current_cli)}",
         }[self.action]

@@ -21,7 +21,7 @@ import pytest
 from gptoss_spark.install import locks
 from gptoss_spark.install.depcheck import canonical
 
-from .harness import NamespacedSystemd
+from .harness import NamespacedSystemd, quote
 
 pytestmark = pytest.mark.system
 
@@ -30,6 +30,7 @@ ARTIFACTS = REPO / ".test-artifacts"
 TIMINGS: dict[str, float] = {}
 ENGINE = "http://127.0.0.1:8100"
 ADMIN = "http://127.0.0.1:8101"
+DROPINS = "/etc/systemd/system/gptoss-spark.service.d"
 SRC = "/tmp/src"        # inside the namespace (its private /tmp): the source snapshot
 
 
@@ -176,6 +177,9 @@ def test_cold_install(ns):
     ns.sh("grep -q 'default_profile = \"demo\"' /etc/gptoss-spark/gptoss-spark.toml")
     ns.sh("test -f /var/lib/gptoss-spark/demo-model/config.json")
     ns.sh("systemctl is-enabled gptoss-spark")
+    # The syscall filter drop-in is on by default; loopback config, so no LAN drop-in.
+    ns.sh(f"cmp {SRC}/systemd/gptoss-spark.service.d/20-syscall-filter.conf {DROPINS}/20-syscall-filter.conf")
+    ns.sh(f"test ! -e {DROPINS}/30-lan.conf")
     # Where a lock fits /usr/bin/python3 on this host, the venv is that lock, installed as is.
     facts = ns.sh("/usr/bin/python3 -c 'import platform, sys; print(\"%d.%d.%d\" % sys.version_info[:3], "
                   "platform.machine())'").stdout.split()
@@ -201,6 +205,9 @@ def test_start_returns_after_ready(ns):
     ns.sh("mkdir -p /etc/systemd/system/gptoss-spark.service.d && "
           "printf '[Service]\\nCPUAffinity=1\\n' > /etc/systemd/system/gptoss-spark.service.d/10-test.conf && "
           "systemctl daemon-reload")
+    # A second profile for the switch step: the demo with 2 sequences instead of 4.
+    ns.sh("sed 's/\"--max-num-seqs\", \"4\"/\"--max-num-seqs\", \"2\"/' /etc/gptoss-spark/profiles/demo.toml "
+          "> /etc/gptoss-spark/profiles.d/demo-b.toml && grep -q '\"2\"' /etc/gptoss-spark/profiles.d/demo-b.toml")
     timed("start_s", ns, "systemctl start gptoss-spark", timeout=900)
     # Type=notify: when start returns, the engine is ready, not merely spawned.
     assert http_code(ns, f"{ENGINE}/health") == "200"
@@ -214,6 +221,122 @@ def test_admin_profile_answers(ns):
     body = ns.sh('curl -sf -m 10 -H "Authorization: Bearer $(cat /etc/gptoss-spark/admin.token)" '
                  f"{ADMIN}/admin/profile").stdout
     assert "demo" in body
+
+
+def admin_json(ns, method: str, path: str, body: str | None = None) -> dict:
+    data = f"-H 'Content-Type: application/json' -d {quote(body)}" if body is not None else ""
+    out = ns.sh(f'curl -s -m 600 -X {method} -H "Authorization: Bearer $(cat /etc/gptoss-spark/admin.token)" '
+                f"{data} {ADMIN}{path}", timeout=620).stdout
+    return json.loads(out)
+
+
+def proc_status(ns, pid: int | str) -> dict[str, str]:
+    out = ns.sh(f"cat /proc/{pid}/status").stdout
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in out.splitlines() if ":" in line)}
+
+
+def test_hardening_is_in_effect(ns):
+    """The running supervisor and engine carry the unit's hardening (not only the file)."""
+    eng = engine_pid(ns)
+    assert eng
+    for pid in (show(ns, "MainPID")["MainPID"], eng):
+        st = proc_status(ns, pid)
+        assert st["CapBnd"] == st["CapEff"] == st["CapAmb"] == "0000000000000000", st
+        assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", st  # 2: a seccomp filter is loaded
+    s = show(ns, "CapabilityBoundingSet", "ProtectProc", "PrivateMounts", "RemoveIPC", "UMask",
+             "IPAddressDeny", "SystemCallArchitectures", "DropInPaths")
+    assert s["CapabilityBoundingSet"] == "" and s["ProtectProc"] == "invisible", s
+    assert s["PrivateMounts"] == "yes" and s["RemoveIPC"] == "yes" and s["UMask"] == "0077", s
+    assert s["IPAddressDeny"] != "" and s["SystemCallArchitectures"] == "native", s
+    assert f"{DROPINS}/20-syscall-filter.conf" in s["DropInPaths"].split(), s
+    # ProtectProc=invisible: in the service's /proc the service user sees its own engine
+    # but not PID 1 (root's); the engine's session scan depends on the first half.
+    view = ns.sh(f"nsenter -t {eng} -m setpriv --reuid gptoss-spark --regid gptoss-spark --clear-groups "
+                 "ls /proc").stdout.split()
+    assert str(eng) in view and "1" not in view, view
+
+
+def test_chat_completion(ns):
+    body = json.dumps({"model": "gptoss", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    out = ns.sh(f"curl -sf -m 120 -H 'Content-Type: application/json' -d {quote(body)} "
+                f"{ENGINE}/v1/chat/completions", timeout=150).stdout
+    reply = json.loads(out)
+    assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["role"] == "assistant", reply
+
+
+def test_memory_guard_reads_proc(ns):
+    """The guard's gauges come from /proc/meminfo and /proc/pressure/memory inside the unit."""
+    def gauges():
+        text = ns.sh(f"curl -sf -m 10 {ADMIN}/metrics").stdout
+        return dict(line.split(" ", 1) for line in text.splitlines()
+                    if line.startswith("gptoss_spark_memory_"))
+    g = wait_for(lambda: (lambda d: d if "gptoss_spark_memory_available_bytes" in d else None)(gauges()),
+                 60, "a memory guard reading")
+    assert float(g["gptoss_spark_memory_available_bytes"]) > 0, g
+    if ns.sh("test -r /proc/pressure/memory", check=False).returncode == 0:
+        assert "gptoss_spark_memory_pressure_some_avg10" in g, g
+
+
+def test_profile_switch(ns):
+    r = admin_json(ns, "PUT", "/admin/profile?wait=true", '{"name": "demo-b"}')
+    assert r.get("status") == "succeeded", r
+    p = admin_json(ns, "GET", "/admin/profile")
+    assert p["active"] == "demo-b" and p["state"] == "ready", p
+    assert http_code(ns, f"{ENGINE}/v1/models") == "200"
+
+
+def run_probe_unit(ns, name: str, script: str, lines: list[str], dropins: list[str] = ()) -> str:
+    """Run a Python one-off as the service user in a oneshot unit carrying `lines` and links to
+    the installed drop-ins named in `dropins`; its stdout. (A unit file, not systemd-run
+    --wait: that needs D-Bus, which the namespace does not run.)"""
+    unit = f"/etc/systemd/system/{name}.service"
+    # The script goes in a file: an ExecStart= line cannot hold a multi-line -c argument.
+    body = (f"[Service]\nType=oneshot\nUser=gptoss-spark\nStandardOutput=file:/tmp/{name}.out\n"
+            "StandardError=journal\n" + "".join(ln + "\n" for ln in lines)
+            + f"ExecStart=/opt/gptoss-spark/current/bin/python /tmp/{name}.py\n")
+    ns.sh(f"printf %s {quote(script)} > /tmp/{name}.py && printf %s {quote(body)} > {unit} && "
+          f"mkdir -p {unit}.d && rm -f /tmp/{name}.out")
+    for d in dropins:
+        ns.sh(f"ln -sf {DROPINS}/{d} {unit}.d/{d}")
+    ns.sh(f"systemctl daemon-reload && systemctl start {name}", timeout=120)
+    return ns.sh(f"cat /tmp/{name}.out").stdout
+
+
+def test_blocked_syscall_is_named(ns):
+    """A call the installed filter blocks kills the caller at once with SIGSYS, and the
+    supervisor's exit description names the filter's drop-in and how to turn it off."""
+    script = ("import subprocess, sys; from gptoss_spark.exit_reason import describe_exit; "
+              "p = subprocess.run([sys.executable, '-c', 'import os; os.setuid(os.getuid())']); "
+              "print(p.returncode); print(describe_exit(p.returncode))")
+    out = run_probe_unit(ns, "systest-blocked", script, ["SystemCallArchitectures=native"],
+                         dropins=["20-syscall-filter.conf"])
+    code, line = out.strip().split("\n", 1)
+    assert code == "-31", out  # SIGSYS, not EPERM and not a hang
+    assert "SIGSYS" in line and "SystemCallFilter" in line and f"{DROPINS}/20-syscall-filter.conf" in line, line
+    assert "ln -sf /dev/null" in line, line
+
+
+def test_ip_deny_is_in_effect(ns):
+    """Under the unit's IP rules traffic off loopback is dropped: a UDP send fails at once
+    with EPERM, while a TCP connect gets no answer (systemd's BPF filter drops the SYN;
+    TCP retransmits until the caller's timeout). Without the rules the same connect is
+    refused (nothing listens on port 9) and the send goes out."""
+    ip = ns.sh("ip -json route get 192.0.2.1 | /usr/bin/python3 -c "
+               "'import json,sys; print(json.load(sys.stdin)[0][\"prefsrc\"])'", check=False).stdout.strip()
+    if not ip:
+        pytest.skip("this host has no route off loopback to test IPAddressDeny against")
+    lines = [ln for ln in ns.sh("grep -E '^IPAddress(Deny|Allow)=' /etc/systemd/system/gptoss-spark.service"
+                                ).stdout.split("\n") if ln]
+    assert lines == ["IPAddressDeny=any", "IPAddressAllow=localhost"], lines
+    script = ("import socket\n"
+              "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+              f"try:\n    u.sendto(b'x', ({ip!r}, 9)); print('sent')\n"
+              "except OSError as e:\n    print(type(e).__name__, e.errno)\n"
+              "s = socket.socket(); s.settimeout(10)\n"
+              f"try:\n    s.connect(({ip!r}, 9))\nexcept OSError as e:\n    print(type(e).__name__, e.errno)\n")
+    assert run_probe_unit(ns, "systest-ip-open", script, []).split() == ["sent", "ConnectionRefusedError", "111"]
+    out = run_probe_unit(ns, "systest-ip-deny", script, lines)
+    assert out.split() == ["PermissionError", "1", "TimeoutError", "None"], out
 
 
 def test_reload_is_a_warm_restart(ns):

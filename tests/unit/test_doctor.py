@@ -76,3 +76,35 @@ def test_spec_profile_checks_the_eagle3_heads_aux_layers(tmp_path):
     (head / "config.json").write_text(json.dumps(cfg))
     f = by_check(run_checks(s, Path(sys.prefix)))
     assert f["draft"].level == OK and "[2, 18, 33]" in f["draft"].detail
+
+
+def test_syscall_filter_finding_names_the_drop_in_and_the_way_out(tmp_path):
+    from gptoss_spark.doctor import WARN, check_syscall_filter
+
+    dropin = tmp_path / "20-syscall-filter.conf"
+    assert "absent" in check_syscall_filter(dropin).detail
+    dropin.write_text("[Service]\nSystemCallFilter=@system-service\n")
+    on = check_syscall_filter(dropin)
+    assert on.level == OK and str(dropin) in on.detail and "ln -sf /dev/null" in on.detail
+    dropin.unlink()
+    dropin.symlink_to("/dev/null")
+    off = check_syscall_filter(dropin)
+    assert off.level == WARN and "turned off" in off.detail and f"rm {dropin}" in off.detail
+
+
+def test_doctor_lists_the_syscall_filter(tmp_path):
+    install_tiktoken_file(tmp_path / "tk")
+    f = by_check(run_checks(settings(tmp_path, tiktoken_dir=str(tmp_path / "tk")), Path(sys.prefix)))
+    assert "seccomp" in f and "syscall filter" in f["seccomp"].detail
+
+
+def test_host_off_loopback_without_the_lan_dropin_fails(tmp_path):
+    from gptoss_spark.doctor import check_lan_dropin
+
+    dropin = tmp_path / "30-lan.conf"
+    assert check_lan_dropin(Settings(), dropin).level == OK
+    lan = Settings.model_validate({"engine": {"host": "0.0.0.0"}})
+    f = check_lan_dropin(lan, dropin)
+    assert f.level == FAIL and "engine.host 0.0.0.0" in f.detail and "install.sh" in f.detail
+    dropin.write_text("[Service]\nIPAddressAllow=192.168.1.0/24\n")
+    assert check_lan_dropin(lan, dropin).level == OK

@@ -67,3 +67,11 @@ def test_failure_signature_blanks_numbers_only():
     b = "engine exited with code 1 while loading: (EngineCore pid=5123) ERROR 12-02 01:29:40 [core.py:1512] boom"
     assert failure_signature(a) == failure_signature(b)
     assert failure_signature(a) != failure_signature(a.replace("boom", "bang"))
+
+
+def test_sigsys_names_the_syscall_filter_and_how_to_turn_it_off():
+    r = describe_exit(-31, ["INFO 12-01 loading"])
+    assert r.startswith("engine killed by SIGSYS (signal 31)")
+    assert "SystemCallFilter" in r and "/etc/systemd/system/gptoss-spark.service.d/20-syscall-filter.conf" in r
+    assert "sudo ln -sf /dev/null" in r and "type=1326" in r
+    assert "OOM" not in r
