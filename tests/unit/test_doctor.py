@@ -103,7 +103,7 @@ def test_host_off_loopback_without_the_lan_dropin_fails(tmp_path):
 
     dropin = tmp_path / "30-lan.conf"
     assert check_lan_dropin(Settings(), dropin).level == OK
-    lan = Settings.model_validate({"engine": {"host": "0.0.0.0"}})
+    lan = Settings.model_validate({"engine": {"host": "0.0.0.0", "api_key_file": str(tmp_path / "api.key")}})
     f = check_lan_dropin(lan, dropin)
     assert f.level == FAIL and "engine.host 0.0.0.0" in f.detail and "install.sh" in f.detail
     dropin.write_text("[Service]\nIPAddressAllow=192.168.1.0/24\n")
