@@ -8,7 +8,9 @@ import asyncio
 import structlog
 
 from . import logs
+from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import load_settings, resolve_config_path
+from .errors import ConfigError
 from .profiles import get_profile, load_profiles
 from .state import StateStore
 from .supervisor import Supervisor
@@ -35,8 +37,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     name = args.profile or StateStore(settings.state_file).load().active_profile or settings.default_profile
     profile = get_profile(profiles, name, settings)
     profile.check_requirements(settings)
+    try:
+        rejection = asyncio.run(profile_rejects(settings, profile))
+    except ArgCheckUnavailable as e:
+        raise ConfigError(profile.source, "engine.args", f"could not be checked: {e}",
+                          "check engine.python in the settings names the venv's python") from None
+    if rejection:
+        raise ConfigError(profile.source, "engine.args", f"vLLM rejects profile {name}'s engine arguments: "
+                          f"{rejection}", "fix the argument (vllm serve --help lists them)")
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
-          f"profile {name} can start")
+          f"profile {name} can start (vLLM accepts its engine arguments)")
     return 0
 
 

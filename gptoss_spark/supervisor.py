@@ -19,10 +19,11 @@ import secrets
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import structlog
 
+from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
 from .engine import EngineProcess, read_api_key
 from .errors import ConfigError, RequirementError
@@ -115,12 +116,16 @@ class Supervisor:
     def __init__(self, settings: Settings, *, notifier: Notifier | None = None,
                  store: StateStore | None = None, memory_source: MemorySource | None = None,
                  engine_factory: Callable[[Settings, Profile], EngineProcess] = EngineProcess,
+                 engine_args_check: Callable[[Settings, Profile], Awaitable[str | None]] | None = profile_rejects,
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self.notifier = notifier or Notifier(socket_path="")
         self.store = store or StateStore(settings.state_file)
         self.guard = MemoryGuard(settings.memory, memory_source or ProcMemorySource())
         self.engine_factory = engine_factory
+        # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
+        # engine (tests), which runs no vLLM argv.
+        self.engine_args_check = engine_args_check
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -446,6 +451,12 @@ class Supervisor:
                 if self._pending is not None:
                     cmd = self._take_command()
                     if cmd.kind != CommandKind.STOP:
+                        if await self._refused_by_vllm(cmd, name, exit_task):
+                            continue  # nothing stopped: this engine serves on
+                        if exit_task.done():  # it died while vLLM's parser ran: the command waits its turn
+                            self._pending = cmd
+                            self._wake.set()
+                            continue
                         # systemd shows "reloading" until the READY=1 that the next generation sends.
                         self.notifier.reloading(f"{cmd.kind.value}: {name} -> {cmd.op.target if cmd.op else name}")
                     await self._drain(probe, name, exit_task)
@@ -479,6 +490,40 @@ class Supervisor:
         finally:
             if not exit_task.done():
                 exit_task.cancel()
+
+    async def _refused_by_vllm(self, cmd: Command, name: str, exit_task: asyncio.Task[int]) -> bool:
+        """Ask the engine's own vLLM parser about the target's argv before the serving engine is touched.
+
+        True = refused: the operation failed with vLLM's one error line and nothing changed.
+        The engine keeps being watched meanwhile: if it dies, the check is dropped (False).
+        """
+        target = (cmd.op.target if cmd.op else None) or name
+        profile = self.profiles.get(target)
+        if profile is None or self.engine_args_check is None:
+            return False
+        if cmd.op is not None:
+            cmd.op.status = OpStatus.RUNNING
+        check = asyncio.create_task(self.engine_args_check(self.settings, profile))
+        await asyncio.wait({check, exit_task}, return_when=asyncio.FIRST_COMPLETED)
+        if not check.done():
+            check.cancel()
+            await asyncio.gather(check, return_exceptions=True)
+            return False
+        try:
+            rejection = check.result()
+        except ArgCheckUnavailable as e:
+            # The checker's own trouble is no reason to refuse: the start and its rollback still guard.
+            log.warning("engine arguments not checked, going ahead", profile=target, reason=str(e))
+            return False
+        if rejection is None:
+            return False
+        message = (f"profile {target}: vLLM rejects its engine arguments: {rejection}; "
+                   f"nothing was stopped, {name} still serves")
+        log.error("refused before stopping the engine", kind=cmd.kind.value, target=target,
+                  profile=name, reason=rejection)
+        if cmd.op is not None:
+            cmd.op.finish(False, message)
+        return True
 
     async def _engine_died(self, engine: EngineProcess, name: str, when: str = "") -> _Ended:
         # Out of ready/loading at once: /admin/health must not say "ready" for a dead engine while
