@@ -9,6 +9,7 @@ seconds on two cores), walked through in order:
      serving engine is touched (same pid, still ready, no drain), vLLM's error line in the op
   -> switch to a profile whose engine fails to start: rolled back to demo, ready,
      the error in the response, in /admin/status and in /metrics
+  -> the engine's access log has completions but not the supervisor's /health and /metrics probes
   -> SIGTERM: the supervisor (not uvicorn) handles it, the engine is gone.
 """
 
@@ -156,6 +157,12 @@ def test_failed_switch_rolls_back_to_last_good(service):
     c = httpx.post(f"http://127.0.0.1:{service.engine_port}/v1/completions", timeout=120,
                    json={"model": "gptoss", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
     assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] == 3
+
+
+def test_engine_access_log_leaves_out_the_supervisors_probes(service):
+    log = service.log_path.read_text()
+    assert '"POST /v1/completions HTTP/1.1" 200' in log  # the access log is on (canaries, clients) ...
+    assert '"GET /health HTTP/1.1"' not in log and '"GET /metrics HTTP/1.1"' not in log  # ... not for probes
 
 
 def test_sigterm_is_handled_by_the_supervisor_not_the_admin_server(service):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -212,6 +213,29 @@ def test_admin_profile_answers(ns):
     body = ns.sh('curl -sf -m 10 -H "Authorization: Bearer $(cat /etc/gptoss-spark/admin.token)" '
                  f"{ADMIN}/admin/profile").stdout
     assert "demo" in body
+
+
+def journal(ns, *match: str) -> list[dict]:
+    out = ns.sh("journalctl -u gptoss-spark --no-pager -o json " + " ".join(match)).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_journal_has_readable_lines_fields_and_priorities(ns):
+    """Native journal entries: `journalctl -u gptoss-spark STATE=ready` finds the transition, its
+    MESSAGE is a readable line, engine lines carry vLLM's level, no probe is in the access log."""
+    ready = journal(ns, "EVENT=state", "STATE=ready")
+    assert ready, "no EVENT=state STATE=ready entry"
+    e = ready[-1]
+    assert e["MESSAGE"].startswith("state state=ready previous=loading profile=demo ") and e["PRIORITY"] == "6"
+    assert (e["PROFILE"], e["SYSLOG_IDENTIFIER"], e["_SYSTEMD_UNIT"]) == ("demo", "gptoss-spark", "gptoss-spark.service")
+    engine = journal(ns, "LOGGER=engine")
+    assert engine and all(x["PROFILE"] == "demo" and x["PID"].isdigit() for x in engine)
+    # vLLM logs a warning on this box (LimitNOFILE above the namespace's hard limit, TESTING.md):
+    warnings = [x for x in engine if re.match(r"^(\([^)]*\)\s*)?WARNING \d\d-\d\d ", x["MESSAGE"])]
+    assert warnings and all(x["PRIORITY"] == "4" for x in warnings)
+    text = ns.sh("journalctl -u gptoss-spark --no-pager -o cat").stdout
+    assert not [ln for ln in text.splitlines() if ln.startswith('{"')]  # no raw JSON lines
+    assert '"GET /health HTTP/1.1"' not in text and '"GET /metrics HTTP/1.1"' not in text
 
 
 def test_reload_is_a_warm_restart(ns):
