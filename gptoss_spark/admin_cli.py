@@ -308,6 +308,8 @@ def render_profiles(body: dict) -> str:
     for p in profiles:
         mark = "*" if p.get("active") else " "
         out.append(f" {mark} {p['name']:<{width}}  {p['description']}")
+        if p.get("why_not"):
+            out.append(f"   {'':<{width}}  cannot run here: {'; '.join(p['why_not'])}")
     if body.get("operation") and body["operation"]["status"] in ("pending", "running"):
         op = body["operation"]
         out.append(f"in progress: {op['kind']} -> {op['target']} ({op['status']})")
