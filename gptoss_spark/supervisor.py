@@ -23,6 +23,7 @@ from typing import Awaitable, Callable
 
 import structlog
 
+from .alerts import Alerter
 from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
 from .engine import EngineProcess, read_api_key
@@ -46,6 +47,8 @@ LOAD_POLL_SECONDS = 1.0
 EXTEND_EVERY_SECONDS = 10.0
 EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout), systemd's start times out
 HEALTH_FAILURES_BEFORE_RESTART = 3
+# _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
+WEDGE_REASONS = ("wedged: ", "engine /health failed")
 
 
 class CommandKind(str, enum.Enum):
@@ -122,6 +125,7 @@ class Supervisor:
         self.notifier = notifier or Notifier(socket_path="")
         self.store = store or StateStore(settings.state_file)
         self.guard = MemoryGuard(settings.memory, memory_source or ProcMemorySource())
+        self.alerts = Alerter(settings.alerts)
         self.engine_factory = engine_factory
         # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
         # engine (tests), which runs no vLLM argv.
@@ -291,6 +295,7 @@ class Supervisor:
             return await self._run()
         finally:
             watchdog.cancel()
+            await self.alerts.drain()  # a give-up's alert goes out before the process exits
 
     async def _run(self) -> int:
         profile = self.initial_profile()
@@ -548,6 +553,8 @@ class Supervisor:
         if self.state != State.STOPPING:  # _engine_died already moved there
             self.sm.to(State.STOPPING, ended.reason, name)
         memory = ended.reason.startswith("memory guard")
+        if ended.command is None and (memory or ended.reason.startswith(WEDGE_REASONS)):
+            self.alerts.notify("memory_guard" if memory else "wedged", self.state.value, name, ended.reason)
         try:
             # Memory danger: every second counts, give it very little grace.
             await engine.stop(grace=2.0 if memory else None)
@@ -580,5 +587,7 @@ class Supervisor:
     def _on_transition(self, t: Transition) -> None:
         log.info("state", state=t.new.value, previous=t.old.value, profile=t.profile, reason=t.reason,
                  pid=self.engine.pid if self.engine else None)
+        if t.new == State.FAILED:
+            self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         self.notifier.status(line[:200])

@@ -93,6 +93,9 @@ def test_unknown_section(tmp_path):
     ('[restart]\non_give_up = "sometimes"\n', "restart.on_give_up", "'stay' or 'exit'"),
     ('[model]\nserved_name = "a b"\n', "model.served_name", "pattern"),
     ("[admin]\nport = 8100\n", None, "engine.port and admin.port must differ"),
+    ('[alerts]\nwebhook_url = "hooks.example/x"\n', "alerts.webhook_url", "pattern"),
+    ('[alerts]\ncommand = "page-me"\n', "alerts.command", "valid list"),
+    ("[alerts]\ntimeout = 0\n", "alerts.timeout", "greater than 0"),
 ])
 def test_wrong_types_and_values(tmp_path, text, key, fragment):
     cfg = write(tmp_path / "gs.toml", text)
