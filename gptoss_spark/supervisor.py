@@ -458,6 +458,10 @@ class Supervisor:
                     if cmd.kind != CommandKind.STOP:
                         if await self._refused_by_vllm(cmd, name, exit_task):
                             continue  # nothing stopped: this engine serves on
+                        if self._pending is not None:  # a stop came while vLLM's parser ran: it wins
+                            if cmd.op is not None:
+                                cmd.op.finish(False, "cancelled: the service is stopping")
+                            continue
                         if exit_task.done():  # it died while vLLM's parser ran: the command waits its turn
                             self._pending = cmd
                             self._wake.set()
@@ -500,7 +504,8 @@ class Supervisor:
         """Ask the engine's own vLLM parser about the target's argv before the serving engine is touched.
 
         True = refused: the operation failed with vLLM's one error line and nothing changed.
-        The engine keeps being watched meanwhile: if it dies, the check is dropped (False).
+        The engine and the command slot keep being watched meanwhile: if the engine dies or a
+        stop arrives, the check is dropped (False) and the caller sees which.
         """
         target = (cmd.op.target if cmd.op else None) or name
         profile = self.profiles.get(target)
@@ -509,7 +514,11 @@ class Supervisor:
         if cmd.op is not None:
             cmd.op.status = OpStatus.RUNNING
         check = asyncio.create_task(self.engine_args_check(self.settings, profile))
-        await asyncio.wait({check, exit_task}, return_when=asyncio.FIRST_COMPLETED)
+        wake = asyncio.create_task(self._wake.wait())  # _queue sets it: a stop (nothing else fits now)
+        try:
+            await asyncio.wait({check, exit_task, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
         if not check.done():
             check.cancel()
             await asyncio.gather(check, return_exceptions=True)
