@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from datetime import datetime
@@ -63,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("restart", help="warm restart of the engine, same profile (like systemctl reload)")
     common(p)
     waiting(p)
+    p.add_argument("--signal-if-down", type=int, metavar="PID",
+                   help="if the admin API does not answer, send SIGHUP to PID instead (not waited for); "
+                        "the unit's ExecReload passes $MAINPID")
     p.set_defaults(func=cmd_restart)
 
 
@@ -187,7 +192,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_restart(args: argparse.Namespace) -> int:
     settings = _settings(args)
     client = Client(settings, read_token_for_cli(settings))
-    _, body = client.json("POST", "/admin/restart", ok=(202,))
+    try:
+        _, body = client.json("POST", "/admin/restart", ok=(202,))
+    except ServiceDown as e:
+        if not args.signal_if_down:
+            raise
+        # The admin API may be down while the supervisor serves (its port taken): a reload still works,
+        # by the signal, only it cannot be waited for.
+        os.kill(args.signal_if_down, signal.SIGHUP)
+        print(f"{e}; sent SIGHUP to {args.signal_if_down} instead (warm restart, not waited for)", file=sys.stderr)
+        return 0
     if not args.json:
         print(f"warm restart of {body.get('target')} (operation {body['id']})")
     return follow(client, body, args, settings)
@@ -308,6 +322,8 @@ def render_profiles(body: dict) -> str:
     for p in profiles:
         mark = "*" if p.get("active") else " "
         out.append(f" {mark} {p['name']:<{width}}  {p['description']}")
+        if p.get("why_not"):
+            out.append(f"   {'':<{width}}  cannot run here: {'; '.join(p['why_not'])}")
     if body.get("operation") and body["operation"]["status"] in ("pending", "running"):
         op = body["operation"]
         out.append(f"in progress: {op['kind']} -> {op['target']} ({op['status']})")

@@ -9,7 +9,9 @@ import structlog
 
 from . import logs
 from .api_access import check_api_access
+from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import load_settings, resolve_config_path
+from .errors import ConfigError
 from .profiles import get_profile, load_profiles
 from .state import StateStore
 from .supervisor import Supervisor
@@ -37,8 +39,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     profile = get_profile(profiles, name, settings)
     profile.check_requirements(settings)
     check_api_access(settings)
+    try:
+        rejection = asyncio.run(profile_rejects(settings, profile))
+    except ArgCheckUnavailable as e:
+        raise ConfigError(profile.source, "engine.args", f"could not be checked: {e}",
+                          "check engine.python in the settings names the venv's python") from None
+    if rejection:
+        raise ConfigError(profile.source, "engine.args", f"vLLM rejects profile {name}'s engine arguments: "
+                          f"{rejection}", "fix the argument (vllm serve --help lists them)")
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
-          f"profile {name} can start")
+          f"profile {name} can start (vLLM accepts its engine arguments)")
     return 0
 
 

@@ -105,6 +105,15 @@ class MemorySettings(_Section):
     check_interval: float = Field(1.0, gt=0)
 
 
+class AlertSettings(_Section):
+    # POST one JSON document per event here (http or https); empty = none.
+    webhook_url: str = Field("", pattern=r"^(https?://\S+)?$")
+    # Run this argv with the JSON document on stdin; empty = none.
+    command: list[str] = []
+    # Seconds a webhook or command may take before it is abandoned (and that is logged).
+    timeout: float = Field(10.0, gt=0, le=300)
+
+
 class Settings(_Section):
     source: Path | None = Field(None, exclude=True)
     default_profile: str = "plain"
@@ -116,6 +125,7 @@ class Settings(_Section):
     restart: RestartSettings = RestartSettings()
     wedge: WedgeSettings = WedgeSettings()
     memory: MemorySettings = MemorySettings()
+    alerts: AlertSettings = AlertSettings()
 
     @model_validator(mode="after")
     def _ports_differ(self) -> "Settings":

@@ -24,11 +24,14 @@ from .api_access import read_api_key
 from .config import Settings
 from .exit_reason import describe_exit
 from .flashinfer_jit import cache as fi_cache
+from .logs import ENGINE_LOGGER, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
 
 log = structlog.get_logger("gptoss_spark.engine")
-engine_log = structlog.get_logger("engine")
+engine_log = structlog.get_logger(ENGINE_LOGGER)
+# The supervisor's own probes (probes.py) hit these every few seconds: kept out of the engine's access log.
+PROBE_PATHS = ("/health", "/metrics")
 
 # Variables that belong to the supervisor alone: a child that inherited
 # NOTIFY_SOCKET could tell systemd READY=1 on our behalf.
@@ -53,6 +56,7 @@ def build_argv(settings: Settings, profile: Profile) -> list[str]:
         "--host", settings.engine.host,
         "--port", str(settings.engine.port),
         "--shutdown-timeout", str(engine_shutdown_timeout(settings)),
+        "--disable-access-log-for-endpoints", ",".join(PROBE_PATHS),
         *profile.engine_args(settings),
     ]
     if settings.engine.cpu_affinity:
@@ -171,6 +175,7 @@ class EngineProcess:
     async def _pass_output(self) -> None:
         assert self.proc and self.proc.stdout
         pid = self.proc.pid
+        level = "info"
         while True:
             raw = await self.proc.stdout.readline()
             if not raw:
@@ -178,7 +183,8 @@ class EngineProcess:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
                 self.tail.append(line)
-                engine_log.info(line, pid=pid, profile=self.profile.name)
+                level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
+                getattr(engine_log, level)(line, pid=pid, profile=self.profile.name)
 
     async def exited(self) -> int:
         """Return once the main process has exited, its output perhaps not yet all read.

@@ -7,9 +7,10 @@
     env = { VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8 = "1" }
     [requires]
     paths = ["{eagle3_dir}/config.json"]  # must exist before any start
+    gpu = true                            # needs an NVIDIA GPU (the Spark profiles)
 
 A profile may extend another (`extends = "plain"`): it then starts from that
-profile's args, env, memory_gib and required paths. Its own args replace the
+profile's args, env, memory_gib, required paths and gpu requirement. Its own args replace the
 base's option of the same flag (in the base's place) or are added after them,
 `engine.remove_args` drops base options by flag, its env is merged over the
 base's, its paths are added. Each fact is then written once (fast = plain +
@@ -86,6 +87,18 @@ class _ProfileEngine(BaseModel):
 class _ProfileRequires(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     paths: list[str] = []
+    gpu: bool | None = None  # None: the base's, or False without a base
+
+
+# The NVIDIA driver lists each GPU it drives here; visible inside the unit's sandbox too.
+NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
+
+
+def nvidia_gpu_count() -> int:
+    try:
+        return sum(1 for _ in NVIDIA_GPUS_DIR.iterdir())
+    except OSError:
+        return 0
 
 
 class _ProfileFile(BaseModel):
@@ -106,6 +119,7 @@ class Profile:
     args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     required_paths: tuple[str, ...] = ()
+    needs_gpu: bool = False
     extends: str | None = None  # the base profile's name, for information (already applied)
 
     def _fill(self, text: str, settings: Settings, key: str) -> str:
@@ -127,8 +141,16 @@ class Profile:
     def engine_env(self, settings: Settings) -> dict[str, str]:
         return {k: self._fill(v, settings, f"engine.env.{k}") for k, v in self.env.items()}
 
+    def missing_paths(self, settings: Settings) -> list[Path]:
+        return [p for p in (Path(self._fill(raw, settings, "requires.paths")) for raw in self.required_paths)
+                if not p.exists()]
+
     def check_requirements(self, settings: Settings) -> None:
         """Raise RequirementError (one line) if this host cannot run the profile."""
+        if self.needs_gpu and nvidia_gpu_count() == 0:
+            raise RequirementError(
+                f"profile {self.name}: needs an NVIDIA GPU and this host has none ({NVIDIA_GPUS_DIR} lists none; "
+                f"{self.source}: requires.gpu); pick a CPU profile (gptoss-spark profile lists which run here)")
         model_dir = settings.model.dir
         if not (model_dir / "config.json").is_file():
             raise RequirementError(
@@ -170,7 +192,8 @@ def _read_profile_file(path: Path) -> _ProfileSource:
 def _own_profile(src: _ProfileSource) -> Profile:
     pf = src.spec
     return Profile(name=src.name, source=src.path, description=pf.description, memory_gib=pf.memory_gib or 0.0,
-                   args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths))
+                   args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths),
+                   needs_gpu=bool(pf.requires.gpu))
 
 
 def load_profile_file(path: Path) -> Profile:
@@ -264,7 +287,8 @@ def _extend(src: _ProfileSource, base: Profile) -> Profile:
     paths = tuple(dict.fromkeys((*base.required_paths, *pf.requires.paths)))
     return Profile(name=src.name, source=src.path, description=pf.description,
                    memory_gib=base.memory_gib if pf.memory_gib is None else pf.memory_gib,
-                   args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths, extends=base.name)
+                   args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths,
+                   needs_gpu=base.needs_gpu if pf.requires.gpu is None else pf.requires.gpu, extends=base.name)
 
 
 def unknown_profiles(names: Iterable[str], known: Iterable[str]) -> str:

@@ -19,10 +19,12 @@ import secrets
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import structlog
 
+from .alerts import Alerter
+from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
@@ -49,6 +51,8 @@ LOAD_POLL_SECONDS = 1.0
 EXTEND_EVERY_SECONDS = 10.0
 EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout), systemd's start times out
 HEALTH_FAILURES_BEFORE_RESTART = 3
+# _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
+WEDGE_REASONS = ("wedged: ", "engine /health failed")
 
 
 class CommandKind(str, enum.Enum):
@@ -121,13 +125,18 @@ class Supervisor:
                  store: StateStore | None = None, memory_source: MemorySource | None = None,
                  engine_factory: Callable[[Settings, Profile], EngineProcess] = EngineProcess,
                  probe_factory: Callable[[str, str, str | None], EngineProbe] = EngineProbe,
+                 engine_args_check: Callable[[Settings, Profile], Awaitable[str | None]] | None = profile_rejects,
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self.notifier = notifier or Notifier(socket_path="")
         self.store = store or StateStore(settings.state_file)
         self.guard = MemoryGuard(settings.memory, memory_source or ProcMemorySource())
+        self.alerts = Alerter(settings.alerts)
         self.engine_factory = engine_factory
         self.probe_factory = probe_factory  # (base_url, served_name, api_key) -> what /health etc. answer
+        # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
+        # engine (tests), which runs no vLLM argv.
+        self.engine_args_check = engine_args_check
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -292,6 +301,7 @@ class Supervisor:
             return await self._run()
         finally:
             watchdog.cancel()
+            await self.alerts.drain()  # a give-up's alert goes out before the process exits
 
     async def _run(self) -> int:
         profile = self.initial_profile()
@@ -474,6 +484,16 @@ class Supervisor:
                 if self._pending is not None:
                     cmd = self._take_command()
                     if cmd.kind != CommandKind.STOP:
+                        if await self._refused_by_vllm(cmd, name, exit_task):
+                            continue  # nothing stopped: this engine serves on
+                        if self._pending is not None:  # a stop came while vLLM's parser ran: it wins
+                            if cmd.op is not None:
+                                cmd.op.finish(False, "cancelled: the service is stopping")
+                            continue
+                        if exit_task.done():  # it died while vLLM's parser ran: the command waits its turn
+                            self._pending = cmd
+                            self._wake.set()
+                            continue
                         # systemd shows "reloading" until the READY=1 that the next generation sends.
                         self.notifier.reloading(f"{cmd.kind.value}: {name} -> {cmd.op.target if cmd.op else name}")
                     await self._drain(probe, name, exit_task)
@@ -508,6 +528,45 @@ class Supervisor:
             if not exit_task.done():
                 exit_task.cancel()
 
+    async def _refused_by_vllm(self, cmd: Command, name: str, exit_task: asyncio.Task[int]) -> bool:
+        """Ask the engine's own vLLM parser about the target's argv before the serving engine is touched.
+
+        True = refused: the operation failed with vLLM's one error line and nothing changed.
+        The engine and the command slot keep being watched meanwhile: if the engine dies or a
+        stop arrives, the check is dropped (False) and the caller sees which.
+        """
+        target = (cmd.op.target if cmd.op else None) or name
+        profile = self.profiles.get(target)
+        if profile is None or self.engine_args_check is None:
+            return False
+        if cmd.op is not None:
+            cmd.op.status = OpStatus.RUNNING
+        check = asyncio.create_task(self.engine_args_check(self.settings, profile))
+        wake = asyncio.create_task(self._wake.wait())  # _queue sets it: a stop (nothing else fits now)
+        try:
+            await asyncio.wait({check, exit_task, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+        if not check.done():
+            check.cancel()
+            await asyncio.gather(check, return_exceptions=True)
+            return False
+        try:
+            rejection = check.result()
+        except ArgCheckUnavailable as e:
+            # The checker's own trouble is no reason to refuse: the start and its rollback still guard.
+            log.warning("engine arguments not checked, going ahead", profile=target, reason=str(e))
+            return False
+        if rejection is None:
+            return False
+        message = (f"profile {target}: vLLM rejects its engine arguments: {rejection}; "
+                   f"nothing was stopped, {name} still serves")
+        log.error("refused before stopping the engine", kind=cmd.kind.value, target=target,
+                  profile=name, reason=rejection)
+        if cmd.op is not None:
+            cmd.op.finish(False, message)
+        return True
+
     async def _engine_died(self, engine: EngineProcess, name: str, when: str = "") -> _Ended:
         # Out of ready/loading at once: /admin/health must not say "ready" for a dead engine while
         # its last output drains (up to 2 s when an orphaned child holds the pipe).
@@ -531,6 +590,8 @@ class Supervisor:
         if self.state != State.STOPPING:  # _engine_died already moved there
             self.sm.to(State.STOPPING, ended.reason, name)
         memory = ended.reason.startswith("memory guard")
+        if ended.command is None and (memory or ended.reason.startswith(WEDGE_REASONS)):
+            self.alerts.notify("memory_guard" if memory else "wedged", self.state.value, name, ended.reason)
         try:
             # Memory danger: every second counts, give it very little grace.
             await engine.stop(grace=2.0 if memory else None)
@@ -563,5 +624,7 @@ class Supervisor:
     def _on_transition(self, t: Transition) -> None:
         log.info("state", state=t.new.value, previous=t.old.value, profile=t.profile, reason=t.reason,
                  pid=self.engine.pid if self.engine else None)
+        if t.new == State.FAILED:
+            self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         self.notifier.status(line[:200])

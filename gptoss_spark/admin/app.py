@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..config import Settings
+from ..fit import why_not
 from ..profiles import PROFILE_NAME_RE
 from ..states import State
 from .auth import authorize, check_token_file_mode
@@ -254,9 +255,12 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
     async def get_profile() -> JSONResponse:
         saved = supervisor.persisted()
         active = supervisor.profile_name
-        profiles = [{"name": p.name, "description": p.description, "memory_gib": p.memory_gib,
-                     "active": p.name == active}
-                    for p in sorted(supervisor.profiles.values(), key=lambda p: p.name)]
+        total_gib = (supervisor.guard.last or supervisor.guard.source.read()).total_bytes / 2**30
+        profiles = []
+        for p in sorted(supervisor.profiles.values(), key=lambda p: p.name):
+            reasons = why_not(p, settings, total_gib)
+            profiles.append({"name": p.name, "description": p.description, "memory_gib": p.memory_gib,
+                             "active": p.name == active, "runs_here": not reasons, "why_not": reasons})
         op = supervisor.snapshot()["operation"]
         return JSONResponse({"active": active, "state": supervisor.state.value,
                              "saved": saved.active_profile, "last_good": saved.last_good_profile,

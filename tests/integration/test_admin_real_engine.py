@@ -5,8 +5,11 @@ seconds on two cores), walked through in order:
   bad input against the live service (nothing changes: profile, state file, engine pid)
   -> switch demo -> demo-b (202 + poll; a concurrent switch and a restart get 409)
   -> back to demo with the CLI
+  -> switch to a profile with an argument vLLM's parser rejects: refused before the
+     serving engine is touched (same pid, still ready, no drain), vLLM's error line in the op
   -> switch to a profile whose engine fails to start: rolled back to demo, ready,
      the error in the response, in /admin/status and in /metrics
+  -> the engine's access log has completions but not the supervisor's /health and /metrics probes
   -> SIGTERM: the supervisor (not uvicorn) handles it, the engine is gone.
 """
 
@@ -32,8 +35,11 @@ def service(demo_model_dir):
     with running_service(demo_model_dir, {
         "demo": profile_toml("tiny demo, 4 slots", DEMO_ARGS),
         "demo-b": profile_toml("tiny demo, 2 slots", b_args),
-        # vLLM's argument parser rejects this at startup: an engine that never gets ready.
-        "broken": profile_toml("engine refuses to start", DEMO_ARGS + ["--no-such-engine-flag"]),
+        # vLLM's argument parser rejects this: refused before anything is stopped.
+        "badarg": profile_toml("vLLM's parser rejects it", DEMO_ARGS + ["--no-such-engine-flag"]),
+        # Passes the parser, fails in the engine's start (longer than the model's positions):
+        # an engine that never gets ready.
+        "broken": profile_toml("engine refuses to start", DEMO_ARGS + ["--max-model-len", "10000000"]),
     }) as svc:
         yield svc
 
@@ -93,7 +99,7 @@ def test_switch_to_another_profile_with_concurrent_requests_refused(service):
     assert json.loads(service.state_file.read_text()) == {"active_profile": "demo-b", "last_good_profile": "demo-b"}
     assert [t["to"] for t in status["transitions"]][-5:] == ["draining", "stopping", "starting", "loading", "ready"]
     profile = service.admin.get("/admin/profile").json()
-    assert profile["active"] == "demo-b" and {p["name"] for p in profile["profiles"]} == {"demo", "demo-b", "broken"}
+    assert profile["active"] == "demo-b" and {p["name"] for p in profile["profiles"]} == {"demo", "demo-b", "badarg", "broken"}
 
 
 def test_switch_back_with_the_cli(service):
@@ -109,6 +115,23 @@ def test_switch_back_with_the_cli(service):
     assert service.admin.get("/admin/status").json()["engine_pid"] == pid
 
 
+def test_switch_with_an_argument_vllm_rejects_is_refused_before_the_engine_is_touched(service):
+    before = service.admin.get("/admin/status").json()
+    state_before = service.state_file.read_bytes()
+    r = service.admin.put("/admin/profile?wait=true", json={"name": "badarg"}, headers=service.auth,
+                          timeout=START_TIMEOUT)
+    assert r.status_code == 500, r.text
+    op = r.json()
+    assert op["status"] == "failed" and op["rolled_back_to"] is None, op
+    assert op["error"] == ("profile badarg: vLLM rejects its engine arguments: unrecognized arguments: "
+                           "--no-such-engine-flag; nothing was stopped, demo still serves"), op["error"]
+    after = service.admin.get("/admin/status").json()
+    assert (after["state"], after["profile"], after["engine_pid"]) == ("ready", "demo", before["engine_pid"])
+    assert after["transitions"] == before["transitions"]  # never left ready: no drain, no stop
+    assert service.engine_pids()[-1] == before["engine_pid"]  # no engine spawned for badarg
+    assert service.state_file.read_bytes() == state_before
+
+
 def test_failed_switch_rolls_back_to_last_good(service):
     state_before = service.state_file.read_bytes()
     r = service.admin.put("/admin/profile?wait=true", json={"name": "broken"}, headers=service.auth,
@@ -116,15 +139,15 @@ def test_failed_switch_rolls_back_to_last_good(service):
     assert r.status_code == 500, r.text
     op = r.json()
     assert op["status"] == "failed" and op["rolled_back_to"] == "demo"
-    assert "profile broken failed" in op["error"] and "no-such-engine-flag" in op["error"], op["error"]
+    assert "profile broken failed" in op["error"] and "validation error for ModelConfig" in op["error"], op["error"]
     # Never persisted: the broken profile never got ready.
     assert service.state_file.read_bytes() == state_before
     assert service.wait_ready()["profile"] == "demo"
     status = service.admin.get("/admin/status").json()
     assert status["state"] == "ready" and status["profile"] == "demo"
-    assert "no-such-engine-flag" in status["last_error"]
+    assert "validation error for ModelConfig" in status["last_error"]
     argv = cmdline(status["engine_pid"])
-    assert "--no-such-engine-flag" not in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert "10000000" not in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
     assert service.admin.get(f"/admin/operations/{op['id']}").json()["status"] == "failed"
     metrics = service.admin.get("/metrics").text
     assert 'gptoss_spark_profile_switches_total{outcome="failed"} 1.0' in metrics
@@ -134,6 +157,12 @@ def test_failed_switch_rolls_back_to_last_good(service):
     c = httpx.post(f"http://127.0.0.1:{service.engine_port}/v1/completions", timeout=120,
                    json={"model": "gptoss", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
     assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] == 3
+
+
+def test_engine_access_log_leaves_out_the_supervisors_probes(service):
+    lines = [json.loads(line)["event"] for line in service.log_path.read_text().splitlines() if line.startswith("{")]
+    assert any('"POST /v1/completions HTTP/1.1" 200' in line for line in lines)  # the access log is on ...
+    assert not [line for line in lines if '"GET /health HTTP/1.1"' in line or '"GET /metrics HTTP/1.1"' in line]
 
 
 def test_sigterm_is_handled_by_the_supervisor_not_the_admin_server(service):

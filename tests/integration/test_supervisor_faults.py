@@ -37,7 +37,7 @@ class Harness:
         self.notify = NotifySocket(tmp / "notify.sock")
         self.memory = memory or FakeMemory()
         self.sup = Supervisor(settings, notifier=Notifier(str(tmp / "notify.sock")), memory_source=self.memory,
-                              engine_factory=fake_engine_factory)
+                              engine_factory=fake_engine_factory, engine_args_check=None)
         self.pids: list[int] = []
         self.task: asyncio.Task[int] | None = None
 

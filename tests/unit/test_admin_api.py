@@ -116,6 +116,9 @@ def test_profile_lists_profiles_with_descriptions_and_the_active_one(env):
     assert set(by_name) == {"demo", "demo-b", "huge"}
     assert by_name["demo-b"]["description"] == "the other demo"
     assert by_name["demo"]["active"] and not by_name["demo-b"]["active"]
+    assert (by_name["demo"]["runs_here"], by_name["demo"]["why_not"]) == (True, [])
+    assert by_name["huge"]["runs_here"] is False
+    assert by_name["huge"]["why_not"][0].startswith("needs 1000 GiB, the host has ")
 
 
 def test_status_has_state_profile_transitions_and_saved_state(env):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -208,3 +209,27 @@ def test_render_status_shows_the_last_error_and_transitions():
     assert "last error engine exited with code 1" in text
     assert "uptime     1h2m5s" in text
     assert "ready -> stopping" in text
+
+
+def test_restart_with_the_admin_api_down_falls_back_to_sighup(config, capsys, tmp_path):
+    """The unit's ExecReload: with the API not answering, the supervisor (here a child that
+    records its SIGHUP) still gets the reload, by the signal."""
+    import subprocess
+
+    marker = tmp_path / "got-hup"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGHUP, lambda *a: (open({str(marker)!r}, 'w').write('hup'), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        assert cli.main(["restart", "--config", str(config), "--signal-if-down", str(child.pid)]) == 0
+        assert child.wait(timeout=30) == 0 and marker.read_text() == "hup"
+    finally:
+        child.kill()
+        child.wait()
+    err = capsys.readouterr().err
+    assert "not answering at http://127.0.0.1:" in err and f"sent SIGHUP to {child.pid} instead" in err
+    # Without the option the same call is the one-line error it always was.
+    assert cli.main(["restart", "--config", str(config)]) == 69

@@ -6,20 +6,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gptoss_spark.cli", *args], capture_output=True, text=True,
                           timeout=60)
 
 
-def settings(tmp: Path, model_exists: bool = True, extra: str = "") -> Path:
+def settings(tmp: Path, model_exists: bool = True, extra: str = "", profile: str = 'description = "p"\n') -> Path:
     model = tmp / "model"
     if model_exists:
         model.mkdir()
         (model / "config.json").write_text("{}")
     pdir = tmp / "profiles"
     pdir.mkdir()
-    (pdir / "plain.toml").write_text('description = "p"\n')
+    (pdir / "plain.toml").write_text(profile)
     cfg = tmp / "gs.toml"
     cfg.write_text(f'{extra}[model]\ndir = "{model}"\n[paths]\nstate_dir = "{tmp}/s"\nprofile_dirs = ["{pdir}"]\n')
     return cfg
@@ -28,6 +30,20 @@ def settings(tmp: Path, model_exists: bool = True, extra: str = "") -> Path:
 def test_check_ok(tmp_path):
     r = cli("check", "--config", str(settings(tmp_path)))
     assert r.returncode == 0 and r.stdout.startswith("ok: ") and "profile plain can start" in r.stdout
+
+
+def test_check_refuses_an_engine_argument_vllm_rejects_in_one_line(tmp_path):
+    """vLLM's own parser, in the engine's interpreter, answers; its usage text (hundreds of padded
+    lines) stays out: only its one error line, naming the file and the key."""
+    pytest.importorskip("vllm")
+    profile = 'description = "p"\n[engine]\nargs = ["--max-num-seqs", "4", "--no-such-engine-flag"]\n'
+    r = cli("check", "--config", str(settings(tmp_path, profile=profile)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"gptoss-spark: error: {tmp_path}/profiles/plain.toml: engine.args: "
+                               "vLLM rejects profile plain's engine arguments: unrecognized arguments: "
+                               "--no-such-engine-flag; "), r.stderr
+    assert "usage" not in r.stderr and "  " not in r.stderr
 
 
 def test_check_missing_checkpoint_exit_3(tmp_path):

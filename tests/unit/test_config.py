@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.config import load_settings
+from gptoss_spark import profiles as profiles_mod
 from gptoss_spark.errors import ConfigError, RequirementError
 from gptoss_spark.profiles import get_profile, load_profile_file, load_profiles
 
@@ -93,6 +94,9 @@ def test_unknown_section(tmp_path):
     ('[restart]\non_give_up = "sometimes"\n', "restart.on_give_up", "'stay' or 'exit'"),
     ('[model]\nserved_name = "a b"\n', "model.served_name", "pattern"),
     ("[admin]\nport = 8100\n", None, "engine.port and admin.port must differ"),
+    ('[alerts]\nwebhook_url = "hooks.example/x"\n', "alerts.webhook_url", "pattern"),
+    ('[alerts]\ncommand = "page-me"\n', "alerts.command", "valid list"),
+    ("[alerts]\ntimeout = 0\n", "alerts.timeout", "greater than 0"),
 ])
 def test_wrong_types_and_values(tmp_path, text, key, fragment):
     cfg = write(tmp_path / "gs.toml", text)
@@ -195,7 +199,7 @@ def test_later_profile_dir_overrides(setup, tmp_path):
     assert load_profiles(s)["plain"].description == "mine"
 
 
-def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path):
+def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path, monkeypatch):
     cfg = write(tmp_path / "gs.toml", f'[model]\ndir = "{tmp_path}"\neagle3_dir = "{tmp_path}/e"\n'
                 f'[paths]\nprofile_dirs = ["{REPO}/etc/profiles", "{REPO}/etc/profiles-cpu"]\n')
     write(tmp_path / "config.json", "{}")
@@ -208,6 +212,8 @@ def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path):
     assert spec_args[spec_args.index("--max-num-seqs") + 1] == "2"
     assert f'"model": "{tmp_path}/e"' in spec_args[spec_args.index("--speculative-config") + 1]
     assert '"num_speculative_tokens": 1' in spec_args[spec_args.index("--speculative-config") + 1]
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)  # as the driver lists a Spark's GPU
+    monkeypatch.setattr(profiles_mod, "NVIDIA_GPUS_DIR", tmp_path / "gpus")
     profiles["plain"].check_requirements(s)
     with pytest.raises(RequirementError, match="Eagle3|e/config.json"):
         profiles["spec"].check_requirements(s)
