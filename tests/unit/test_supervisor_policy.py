@@ -113,8 +113,9 @@ def supervisor(tmp: Path, profiles: dict[str, str], **overrides) -> Supervisor:
     ScriptedEngine.started = []
     settings = make_settings(tmp, profiles, **{"timeouts": {"load": 2, "probe_interval": 0.05, "drain": 0.2},
                                                "wedge": {"canary_interval": 0, "stall_seconds": 0.3}, **overrides})
+    # engine_args_check None: a scripted engine runs no vLLM argv to check (argcheck.py has its own tests)
     return Supervisor(settings, memory_source=FakeMemory(), engine_factory=ScriptedEngine,
-                      probe_factory=ScriptedProbe)
+                      probe_factory=ScriptedProbe, engine_args_check=None)
 
 
 async def until(sup: Supervisor, task: asyncio.Task, cond, what: str, timeout: float = 10.0) -> None:
