@@ -10,21 +10,11 @@ as VLLM_API_KEY, never in argv (world-readable in /proc).
 from __future__ import annotations
 
 import errno
-import ipaddress
 import socket
 
 from .config import Settings
 from .errors import ConfigError
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost: addresses no other host can reach."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from .install.dropins import is_loopback  # the installer's own (stdlib-only), so both agree
 
 
 def _where(settings: Settings) -> str:

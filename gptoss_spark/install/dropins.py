@@ -59,6 +59,7 @@ def install_shipped(layout: Layout, source: Path, *, dry_run: bool = False) -> l
 # ------------------------------------------------------------ 30-lan.conf
 
 def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost: addresses no other host can reach."""
     if host == "localhost":
         return True
     try:
