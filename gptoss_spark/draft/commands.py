@@ -31,6 +31,9 @@ def _positive_int(text: str) -> int:
 def _add_gather_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"served target (default {DEFAULT_BASE_URL})")
     p.add_argument("--model", help="served model name (default: gptoss, or the only model served)")
+    p.add_argument("--api-key-file", type=Path,
+                   help="file with the engine's API key (default: engine.api_key_file of the settings, "
+                        "sent only to the engine address the settings name)")
     p.add_argument("--prompts", type=Path,
                    help=f"JSONL prompts to run through the target (default: shipped {shipped_prompts_path().name}; "
                         "use many prompts like your real traffic for a good cut)")
@@ -73,11 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _gather(args):
     prompts = load_prompts(args.prompts)
-    target = resolve_target(args.url, args.model)
+    from ..bench.commands import api_key_for
+    target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
     progress = Progress()
     try:
         return gather_counts(target.base_url, target.model, prompts, args.max_tokens, args.temperature,
-                             args.concurrency, progress=progress)
+                             args.concurrency, progress=progress, headers=target.headers)
     finally:
         progress.close()
 

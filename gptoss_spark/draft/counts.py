@@ -86,7 +86,7 @@ def load_counts(path: Path) -> TokenCounts:
 
 
 async def _gather(base_url: str, model: str, messages_list: list, max_tokens: int, temperature: float,
-                  concurrency: int, timeout: float, progress) -> Counter:
+                  concurrency: int, timeout: float, progress, headers: dict[str, str]) -> Counter:
     counts: Counter = Counter()
     sem = asyncio.Semaphore(concurrency)
     done = 0
@@ -117,17 +117,19 @@ async def _gather(base_url: str, model: str, messages_list: list, max_tokens: in
         done += 1
         progress(f"counted {done}/{len(messages_list)} prompts, {sum(counts.values())} tokens")
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), headers=headers) as client:
         await asyncio.gather(*(one(client, m) for m in messages_list))
     return counts
 
 
 def gather_counts(base_url: str, model: str, prompts, max_tokens: int, temperature: float = 0.0,
-                  concurrency: int = 4, timeout: float = 600.0, progress=None) -> TokenCounts:
-    """Run every prompt through the served target; count the token ids it generates."""
+                  concurrency: int = 4, timeout: float = 600.0, progress=None,
+                  headers: dict[str, str] | None = None) -> TokenCounts:
+    """Run every prompt through the served target; count the token ids it generates. headers: sent with
+    each request (the engine's API key, bench.target.auth_headers)."""
     messages_list = [[dict(m) for m in p.messages] for p in prompts]
     counts = asyncio.run(_gather(base_url, model, messages_list, max_tokens, temperature, concurrency, timeout,
-                                 progress or (lambda text: None)))
+                                 progress or (lambda text: None), headers or {}))
     if not counts:
         raise UserError(f"{base_url} generated no tokens for {len(prompts)} prompts; check the served model")
     return TokenCounts(counts=counts, vocab_size=None,

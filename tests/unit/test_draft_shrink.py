@@ -244,3 +244,54 @@ def test_cli_verify_with_target_prints_the_aux_problem(tmp_path, capsys):
     rc = main(["draft", "verify", str(head), "--target", str(target)])
     out = capsys.readouterr().out
     assert rc == 1 and "verify: PROBLEM: aux layer ids [5] outside the target's layers 0..3" in out
+
+
+def test_counts_are_gathered_with_the_engines_key(tmp_path):
+    """draft counts against a keyed engine: the key file's key goes on every request (a real HTTP
+    server on 127.0.0.1 that answers 401 without it)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Keyed(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            if self.headers.get("Authorization") != "Bearer s3cret":
+                return self._answer(401, {"error": "unauthorized"})
+            self._answer(200, {"data": [{"id": "gptoss", "max_model_len": 1024}]} if self.path == "/v1/models"
+                         else {"version": "0.32.0"})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers.get("Authorization"))
+            if self.headers.get("Authorization") != "Bearer s3cret":
+                return self._answer(401, {"error": "unauthorized"})
+            self._answer(200, {"choices": [{"token_ids": [5, 5, 7]}]})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Keyed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        key = tmp_path / "api.key"
+        key.write_text("s3cret\n")
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+        out = tmp_path / "counts.json"
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["draft", "counts", "--url", url, "--api-key-file", str(key), "--prompts", str(prompts),
+                     "--out", str(out)]) == 0
+        assert load_counts(out).counts == Counter({5: 2, 7: 1})
+        assert seen and set(seen) == {"Bearer s3cret"}
+    finally:
+        server.shutdown()
