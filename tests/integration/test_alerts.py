@@ -22,7 +22,8 @@ from gptoss_spark.config import AlertSettings
 from gptoss_spark.states import State
 from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK
 
-from tests.integration.test_supervisor_faults import FakeMemory, Harness, free_port, make_settings, run
+from tests.helpers.supervisor_settings import FakeMemory, free_port, make_settings
+from tests.integration.test_supervisor_faults import Harness, run
 
 pytestmark = pytest.mark.integration
 

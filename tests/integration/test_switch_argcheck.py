@@ -13,7 +13,8 @@ import pytest
 
 from gptoss_spark.states import State
 from gptoss_spark.supervisor import EXIT_OK, OpStatus
-from tests.integration.test_supervisor_faults import Harness, make_settings, run
+from tests.helpers.supervisor_settings import make_settings
+from tests.integration.test_supervisor_faults import Harness, run
 
 pytestmark = pytest.mark.integration
 
