@@ -91,7 +91,8 @@ def make_full_vocab_head(path, vocab=201088, hidden=8):
     path.mkdir()
     (path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": hidden, "draft_vocab_size": None}))
+        "hidden_size": hidden, "draft_vocab_size": None,
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))  # three layers feed fc (3 x hidden), as verify checks
     save_file({"lm_head.weight": torch.zeros(vocab, hidden, dtype=torch.bfloat16),
                "fc.weight": torch.zeros(hidden, 3 * hidden, dtype=torch.bfloat16)}, str(path / "model.safetensors"))
     return path
