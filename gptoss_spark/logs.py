@@ -54,6 +54,10 @@ def journal_fields(logger_name: str, event: dict[str, Any]) -> dict[str, object]
     level = str(event.get("level", "info"))
     extra = {k: v for k, v in event.items() if k not in _DROP and v is not None}
     message = str(event.get("event", ""))
+    if "\r" in message:
+        # A progress bar's redraws (tqdm): journald stores a MESSAGE with control characters as bytes,
+        # which `journalctl -o json` shows as a number array; keep what a terminal would show last.
+        message = next((seg for seg in reversed(message.split("\r")) if seg.strip()), "")
     if logger_name != ENGINE_LOGGER and extra:
         message += " " + " ".join(f"{k}={_text(v)}" for k, v in extra.items())
     fields: dict[str, object] = {"MESSAGE": message, "PRIORITY": journal.PRIORITIES.get(level, 6),

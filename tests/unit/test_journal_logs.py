@@ -138,3 +138,9 @@ def test_json_lines_keep_unicode(capsys):
     finally:
         structlog.reset_defaults()
     assert '"event": "▄▄ banner"' in capsys.readouterr().err
+
+
+def test_progress_bar_redraws_keep_the_last_one_so_the_message_stays_text():
+    from gptoss_spark.logs import ENGINE_LOGGER, journal_fields
+    f = journal_fields(ENGINE_LOGGER, {"event": "\rLoading 10%\rLoading 100%\r", "level": "info"})
+    assert f["MESSAGE"] == "Loading 100%"
