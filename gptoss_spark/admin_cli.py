@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from .config import Settings, load_settings, resolve_config_path
+from .service.config import Settings, load_settings, resolve_config_path
 from .errors import UserError
 
 REQUEST_TIMEOUT = 10.0

@@ -7,15 +7,15 @@ import asyncio
 
 import structlog
 
-from . import logs
-from .api_access import check_api_access
-from .argcheck import ArgCheckUnavailable, profile_rejects
-from .config import load_settings, resolve_config_path
+from .service import logs
+from .service.api_access import check_api_access
+from .service.argcheck import ArgCheckUnavailable, profile_rejects
+from .service.config import load_settings, resolve_config_path
 from .errors import ConfigError
-from .profiles import get_profile, load_profiles
-from .state import StateStore
-from .supervisor import Supervisor
-from .systemd import Notifier
+from .service.profiles import get_profile, load_profiles
+from .service.store import StateStore
+from .service.supervisor import Supervisor
+from .service.systemd import Notifier
 
 log = structlog.get_logger("gptoss_spark")
 

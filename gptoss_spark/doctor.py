@@ -16,12 +16,12 @@ from typing import Callable
 
 import httpx
 
-from .config import Settings, load_settings, resolve_config_path
+from .service.config import Settings, load_settings, resolve_config_path
 from .errors import ConfigError, UserError
-from .exit_reason import SYSCALL_FILTER_DROPIN, SYSCALL_FILTER_OFF
-from .memory import ProcMemorySource
-from .profiles import Profile, load_profiles
-from .state import StateStore
+from .service.exit_reason import SYSCALL_FILTER_DROPIN, SYSCALL_FILTER_OFF
+from .service.memory import ProcMemorySource
+from .service.profiles import Profile, load_profiles
+from .service.store import StateStore
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -49,7 +49,7 @@ def check_profile(settings: Settings) -> tuple[Finding, Profile | None]:
 
 
 def check_tiktoken(settings: Settings) -> Finding:
-    from .tiktoken_file import FILE_NAME, verify_tiktoken_file
+    from .install.tiktoken_file import FILE_NAME, verify_tiktoken_file
 
     if settings.model.tiktoken_dir is None:
         return Finding("tiktoken", WARN, "model.tiktoken_dir unset: the engine will try to download o200k_base.tiktoken")
@@ -61,7 +61,7 @@ def check_tiktoken(settings: Settings) -> Finding:
 
 
 def check_patches(venv: Path) -> Finding:
-    from .patching import inspect_venv
+    from .install.patching import inspect_venv
 
     try:
         report = inspect_venv(venv)

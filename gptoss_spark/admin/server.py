@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Iterator
 import structlog
 import uvicorn
 
-from ..config import AdminSettings, Settings
+from ..service.config import AdminSettings, Settings
 from .app import create_app
 
 if TYPE_CHECKING:
-    from ..supervisor import Supervisor
+    from ..service.supervisor import Supervisor
 
 log = structlog.get_logger("gptoss_spark.admin")
 

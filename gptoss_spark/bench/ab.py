@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from ..admin_cli import POLL_SECONDS, ApiError, Client, wait_operation
 from ..errors import UserError
-from ..profiles import unknown_profiles
+from ..service.profiles import unknown_profiles
 from .compare import METRICS, compare, dig
 from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH, RESULT_SCHEMA

@@ -129,8 +129,8 @@ def api_key_for(args, url: str, settings=None) -> str | None:
     Never the service's key to another server: --url elsewhere needs --api-key-file.
     """
     from ..admin_cli import local_url
-    from ..api_access import read_api_key
-    from ..config import load_settings, resolve_config_path
+    from ..service.api_access import read_api_key
+    from ..service.config import load_settings, resolve_config_path
 
     if args.api_key_file is not None:
         try:
@@ -183,7 +183,7 @@ def _say(text: str) -> None:
 
 def cmd_ab(args) -> int:
     from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, switch_limit
-    from ..config import load_settings, resolve_config_path
+    from ..service.config import load_settings, resolve_config_path
     from .ab import Service, ab_result, check_profile_names, run_ab, served_profile_problem
 
     names = args.profiles

@@ -115,7 +115,7 @@ def patch_manifest(venv: Path) -> dict:
 def _patch_state(venv: Path) -> dict:
     # Optional: a thin client venv has no vLLM and no patch set to check against.
     try:
-        from ..patching import inspect_venv
+        from ..install.patching import inspect_venv
 
         report = inspect_venv(venv)
         return {"state": report.state, "state_detail": report.detail}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import httpx
 
-from ..probes import parse_prometheus_sums
+from ..service.probes import parse_prometheus_sums
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

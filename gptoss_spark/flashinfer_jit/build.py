@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import Settings
+from ..service.config import Settings
 from ..errors import UserError
 from ..install.layout import EXIT_FLASHINFER
-from ..memory import ProcMemorySource
-from ..profiles import Profile, load_profiles, unknown_profiles
+from ..service.memory import ProcMemorySource
+from ..service.profiles import Profile, load_profiles, unknown_profiles
 from . import cache
 from .modules import Derivation, JitModule, Note, derive
 

@@ -17,7 +17,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from ..config import load_settings, resolve_config_path
+from ..service.config import load_settings, resolve_config_path
 
 _CONFIG_HELP = "settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml)"
 

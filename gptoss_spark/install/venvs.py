@@ -360,13 +360,13 @@ def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = defau
         log(f"  tiktoken: {layout.real(tik)} present")
     elif dry_run:
         log(f"  would write {layout.real(tik)}")
-    elif probe([py, "-c", "import gptoss_spark.tiktoken_file"]) == 0:
-        _step(run([py, "-c", "import sys; from gptoss_spark.tiktoken_file import install_tiktoken_file as f; "
+    elif probe([py, "-c", "import gptoss_spark.install.tiktoken_file"]) == 0:
+        _step(run([py, "-c", "import sys; from gptoss_spark.install.tiktoken_file import install_tiktoken_file as f; "
                              "f(sys.argv[1])", str(layout.tiktoken_dir)]) == 0,
               f"could not write {tik}", EXIT_ASSETS)
         os.chmod(layout.tiktoken_dir, 0o755)
     else:
-        log("  tiktoken: this version has no gptoss_spark.tiktoken_file; skipped")
+        log("  tiktoken: this version has no gptoss_spark.install.tiktoken_file; skipped")
     if not cpu:
         return
     d = layout.demo_model_dir
@@ -374,13 +374,13 @@ def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = defau
         log(f"  demo model: {layout.real(d)} present")
     elif dry_run:
         log(f"  would generate the demo model at {layout.real(d)}")
-    elif probe([py, "-c", "import gptoss_spark.demo_model"]) == 0:
+    elif probe([py, "-c", "import gptoss_spark.install.demo_model"]) == 0:
         log(f"  generating the tiny demo model at {layout.real(d)}")
-        _step(run([py, "-c", "import sys, pathlib; from gptoss_spark.demo_model import make_demo_model as f; "
+        _step(run([py, "-c", "import sys, pathlib; from gptoss_spark.install.demo_model import make_demo_model as f; "
                              "f(pathlib.Path(sys.argv[1]))", str(d)]) == 0,
               f"could not generate the demo model at {d}", EXIT_ASSETS)
         for p in [d, *d.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
     else:
-        raise InstallError("this version has no gptoss_spark.demo_model; --cpu cannot make its model",
+        raise InstallError("this version has no gptoss_spark.install.demo_model; --cpu cannot make its model",
                            EXIT_ASSETS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import load_settings, resolve_config_path
+from ..service.config import load_settings, resolve_config_path
 
 DEFAULT_ARCH = "12.1a"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from gptoss_spark.engine import _session_members
+from gptoss_spark.service.engine import _session_members
 
 TOKEN = "integration-" + "c" * 40
 DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from gptoss_spark.config import Settings
-from gptoss_spark.memory import GIB, MemoryReading
+from gptoss_spark.service.config import Settings
+from gptoss_spark.service.memory import GIB, MemoryReading
 
 
 def free_port() -> int:

@@ -213,7 +213,7 @@ def _build_env(tmpdir: Path, model_dir: Path, env: Mapping[str, str | None] | No
     e.pop("NOTIFY_SOCKET", None)  # never let a test engine talk to a real systemd
     tiktoken_base = model_dir
     if not (model_dir / TIKTOKEN_FILE_NAME).is_file():
-        from gptoss_spark.tiktoken_file import install_tiktoken_file
+        from gptoss_spark.install.tiktoken_file import install_tiktoken_file
 
         tiktoken_base = install_tiktoken_file(tmpdir / "tiktoken").parent
     e.update(

@@ -23,7 +23,7 @@ import sys
 import httpx
 import pytest
 
-from gptoss_spark.engine import _session_members
+from gptoss_spark.service.engine import _session_members
 from tests.helpers.admin_service import DEMO_ARGS, START_TIMEOUT, TOKEN, cmdline, profile_toml, running_service
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from gptoss_spark.config import load_settings  # noqa: E402
-from gptoss_spark.profiles import load_profiles  # noqa: E402
+from gptoss_spark.service.config import load_settings  # noqa: E402
+from gptoss_spark.service.profiles import load_profiles  # noqa: E402
 from tests.helpers.vllm_server import run_vllm_server  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -238,7 +238,7 @@ def test_supervisor_probes_work_with_the_key(engine):
     """The probes the supervisor builds (read_api_key -> EngineProbe): the canary needs the key, the rest do not."""
     import asyncio
 
-    from gptoss_spark.probes import EngineProbe
+    from gptoss_spark.service.probes import EngineProbe
 
     keyed, bare = EngineProbe(engine.base_url, engine.model, engine.api_key), EngineProbe(engine.base_url, engine.model)
     assert asyncio.run(keyed.canary(120)) is None

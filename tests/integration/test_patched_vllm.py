@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark import patching
+from gptoss_spark.install import patching
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gptoss_spark.engine import _session_members
-from gptoss_spark.probes import parse_prometheus_sums
+from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.probes import parse_prometheus_sums
 from tests.helpers.notify_socket import NotifySocket
 
 pytestmark = pytest.mark.integration

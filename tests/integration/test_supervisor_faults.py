@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.config import Settings
-from gptoss_spark.engine import EngineProcess, _session_members
-from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, OpStatus, Supervisor
-from gptoss_spark.states import State
-from gptoss_spark.systemd import Notifier
+from gptoss_spark.service.config import Settings
+from gptoss_spark.service.engine import EngineProcess, _session_members
+from gptoss_spark.service.supervisor import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, OpStatus, Supervisor
+from gptoss_spark.service.states import State
+from gptoss_spark.service.systemd import Notifier
 from tests.helpers.notify_socket import NotifySocket
 from tests.helpers.supervisor_settings import FakeMemory, make_settings
 

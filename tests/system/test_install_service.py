@@ -306,7 +306,7 @@ def run_probe_unit(ns, name: str, script: str, lines: list[str], dropins: list[s
 def test_blocked_syscall_is_named(ns):
     """A call the installed filter blocks kills the caller at once with SIGSYS, and the
     supervisor's exit description names the filter's drop-in and how to turn it off."""
-    script = ("import subprocess, sys; from gptoss_spark.exit_reason import describe_exit; "
+    script = ("import subprocess, sys; from gptoss_spark.service.exit_reason import describe_exit; "
               "p = subprocess.run([sys.executable, '-c', 'import os; os.setuid(os.getuid())']); "
               "print(p.returncode); print(describe_exit(p.returncode))")
     out = run_probe_unit(ns, "systest-blocked", script, ["SystemCallArchitectures=native"],

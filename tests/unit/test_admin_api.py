@@ -17,11 +17,11 @@ import pytest
 
 from gptoss_spark.admin import create_app
 from gptoss_spark.admin.auth import authorize, read_token, TokenUnavailable
-from gptoss_spark.config import Settings
-from gptoss_spark.memory import GIB, MemoryReading
-from gptoss_spark.state import PersistedState
-from gptoss_spark.states import State
-from gptoss_spark.supervisor import Supervisor
+from gptoss_spark.service.config import Settings
+from gptoss_spark.service.memory import GIB, MemoryReading
+from gptoss_spark.service.store import PersistedState
+from gptoss_spark.service.states import State
+from gptoss_spark.service.supervisor import Supervisor
 
 TOKEN = "t0k3n-" + "a" * 40
 

@@ -14,11 +14,11 @@ import pytest
 from gptoss_spark import cli
 from gptoss_spark.admin import run_admin_server
 from gptoss_spark.admin_cli import render_status
-from gptoss_spark.config import Settings
-from gptoss_spark.memory import GIB, MemoryReading
-from gptoss_spark.state import PersistedState
-from gptoss_spark.states import State
-from gptoss_spark.supervisor import Supervisor
+from gptoss_spark.service.config import Settings
+from gptoss_spark.service.memory import GIB, MemoryReading
+from gptoss_spark.service.store import PersistedState
+from gptoss_spark.service.states import State
+from gptoss_spark.service.supervisor import Supervisor
 
 TOKEN = "cli-token-" + "b" * 32
 
@@ -105,7 +105,7 @@ shutdown_grace = 1
 def service(config: Path):
     from structlog.testing import capture_logs
 
-    from gptoss_spark.config import load_settings
+    from gptoss_spark.service.config import load_settings
     with capture_logs():  # keep the service's log lines out of the CLI's captured stdout
         svc = Service(load_settings(config))
         yield svc

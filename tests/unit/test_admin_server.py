@@ -12,9 +12,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from gptoss_spark.admin import server as admin_server
-from gptoss_spark.config import Settings
-from gptoss_spark.memory import GIB, MemoryReading
-from gptoss_spark.supervisor import Supervisor
+from gptoss_spark.service.config import Settings
+from gptoss_spark.service.memory import GIB, MemoryReading
+from gptoss_spark.service.supervisor import Supervisor
 
 
 class PlentyOfMemory:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.api_access import check_engine_address, is_loopback, read_api_key
+from gptoss_spark.service.api_access import check_engine_address, is_loopback, read_api_key
 from gptoss_spark.bench.commands import api_key_for
-from gptoss_spark.config import Settings, load_settings
+from gptoss_spark.service.config import Settings, load_settings
 from gptoss_spark.errors import ConfigError
 from gptoss_spark.install import placement
 from gptoss_spark.install.layout import Layout

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gptoss_spark.argcheck import ArgCheckUnavailable, one_line, split_engine_argv, vllm_rejects
+from gptoss_spark.service.argcheck import ArgCheckUnavailable, one_line, split_engine_argv, vllm_rejects
 
 pytest.importorskip("vllm")
 

@@ -17,7 +17,7 @@ from gptoss_spark import cli
 from gptoss_spark.admin_cli import Client, read_token_for_cli
 from gptoss_spark.bench.ab import NOISE, Service, ab_result, measuring_order, recommend, run_ab
 from gptoss_spark.bench.render import render_ab
-from gptoss_spark.config import load_settings
+from gptoss_spark.service.config import load_settings
 from tests.unit.test_admin_cli import config, make_ready, service  # noqa: F401 - fixtures
 
 USERS = 30

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.config import load_settings
-from gptoss_spark import profiles as profiles_mod
+from gptoss_spark.service.config import load_settings
+from gptoss_spark.service import profiles as profiles_mod
 from gptoss_spark.errors import ConfigError, RequirementError
-from gptoss_spark.profiles import get_profile, load_profile_file, load_profiles
+from gptoss_spark.service.profiles import get_profile, load_profile_file, load_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def test_unknown_profile(setup):
 
 def test_unknown_profiles_one_wording():
     """Every place a profile name comes in words it the same (profiles.unknown_profiles)."""
-    from gptoss_spark.profiles import unknown_profiles
+    from gptoss_spark.service.profiles import unknown_profiles
     assert unknown_profiles(["fast"], {"spec": 1, "plain": 2}) == "unknown profile 'fast' (known: plain, spec)"
     assert unknown_profiles(["a", "b"], []) == "unknown profiles 'a', 'b' (known: none)"
 

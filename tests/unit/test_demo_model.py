@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark import demo_model as dm
-from gptoss_spark import tiktoken_file as tf
+from gptoss_spark.install import demo_model as dm
+from gptoss_spark.install import tiktoken_file as tf
 from gptoss_spark.cli import build_parser
 from gptoss_spark.errors import UserError
 

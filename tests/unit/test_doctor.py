@@ -3,9 +3,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gptoss_spark.config import Settings
+from gptoss_spark.service.config import Settings
 from gptoss_spark.doctor import FAIL, OK, cmd_doctor, run_checks
-from gptoss_spark.tiktoken_file import FILE_NAME, install_tiktoken_file
+from gptoss_spark.install.tiktoken_file import FILE_NAME, install_tiktoken_file
 
 
 def settings(tmp: Path, **model) -> Settings:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gptoss_spark.config import Settings
-from gptoss_spark.engine import build_argv, build_env, engine_shutdown_timeout
-from gptoss_spark.memory import GIB, MemoryGuard, MemoryReading, ProcMemorySource
-from gptoss_spark.config import MemorySettings
-from gptoss_spark.probes import parse_prometheus_sums
-from gptoss_spark.profiles import Profile
-from gptoss_spark.systemd import Notifier, watchdog_interval
+from gptoss_spark.service.config import Settings
+from gptoss_spark.service.engine import build_argv, build_env, engine_shutdown_timeout
+from gptoss_spark.service.memory import GIB, MemoryGuard, MemoryReading, ProcMemorySource
+from gptoss_spark.service.config import MemorySettings
+from gptoss_spark.service.probes import parse_prometheus_sums
+from gptoss_spark.service.profiles import Profile
+from gptoss_spark.service.systemd import Notifier, watchdog_interval
 from tests.helpers.notify_socket import NotifySocket
 
 

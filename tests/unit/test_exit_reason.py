@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gptoss_spark.exit_reason import describe_exit, telling_lines
+from gptoss_spark.service.exit_reason import describe_exit, telling_lines
 
 PROBES = [
     '(APIServer pid=41) INFO:     127.0.0.1:51234 - "GET /metrics HTTP/1.1" 200 OK',
@@ -62,7 +62,7 @@ def test_prefixed_exception_line_of_an_engine_process():
 
 
 def test_failure_signature_blanks_numbers_only():
-    from gptoss_spark.exit_reason import failure_signature
+    from gptoss_spark.service.exit_reason import failure_signature
     a = "engine exited with code 1 while loading: (EngineCore pid=4980) ERROR 12-02 01:27:18 [core.py:1512] boom"
     b = "engine exited with code 1 while loading: (EngineCore pid=5123) ERROR 12-02 01:29:40 [core.py:1512] boom"
     assert failure_signature(a) == failure_signature(b)

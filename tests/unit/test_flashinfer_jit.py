@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.config import Settings
+from gptoss_spark.service.config import Settings
 from gptoss_spark.doctor import OK, WARN, check_flashinfer
-from gptoss_spark.engine import build_env
+from gptoss_spark.service.engine import build_env
 from gptoss_spark.flashinfer_jit import build as fb
 from gptoss_spark.flashinfer_jit import cache
 from gptoss_spark.flashinfer_jit.modules import (FP4_QUANT_120F, FP4_QUANT_121, FUSED_MOE, SAMPLING, derive,
                                                  flag_value)
 from gptoss_spark.install import venvs
 from gptoss_spark.install.layout import EXIT_FLASHINFER, InstallError, Layout
-from gptoss_spark.profiles import load_profile_file
+from gptoss_spark.service.profiles import load_profile_file
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30

@@ -14,7 +14,7 @@ import struct
 import pytest
 import structlog
 
-from gptoss_spark import journal, logs
+from gptoss_spark.service import journal, logs
 
 
 def decode(datagram: bytes) -> dict[str, str]:
@@ -50,20 +50,20 @@ def journal_socket(tmp_path):
 
 
 def test_a_supervisor_event_is_a_readable_message_with_journal_fields(journal_socket):
-    structlog.get_logger("gptoss_spark.supervisor").info(
+    structlog.get_logger("gptoss_spark.service.supervisor").info(
         "state", state="failed", previous="backoff", profile="spec", reason="gave up: exited with code 1", pid=None)
     e = journal_socket()
     assert e["MESSAGE"] == 'state state=failed previous=backoff profile=spec reason="gave up: exited with code 1"'
     assert (e["STATE"], e["PREVIOUS"], e["PROFILE"], e["REASON"]) == ("failed", "backoff", "spec",
                                                                       "gave up: exited with code 1")
-    assert (e["PRIORITY"], e["SYSLOG_IDENTIFIER"], e["LOGGER"]) == ("6", "gptoss-spark", "gptoss_spark.supervisor")
+    assert (e["PRIORITY"], e["SYSLOG_IDENTIFIER"], e["LOGGER"]) == ("6", "gptoss-spark", "gptoss_spark.service.supervisor")
     assert e["EVENT"] == "state"
     assert "PID" not in e and "TIMESTAMP" not in e  # None is left out; journald stamps entries itself
 
 
 @pytest.mark.parametrize("method, priority", [("warning", "4"), ("error", "3"), ("critical", "2")])
 def test_priority_follows_the_level(journal_socket, method, priority):
-    getattr(structlog.get_logger("gptoss_spark.supervisor"), method)("memory guard tripped", available_gib=0.5)
+    getattr(structlog.get_logger("gptoss_spark.service.supervisor"), method)("memory guard tripped", available_gib=0.5)
     e = journal_socket()
     assert e["PRIORITY"] == priority and e["AVAILABLE_GIB"] == "0.5"
 
@@ -141,6 +141,6 @@ def test_json_lines_keep_unicode(capsys):
 
 
 def test_progress_bar_redraws_keep_the_last_one_so_the_message_stays_text():
-    from gptoss_spark.logs import ENGINE_LOGGER, journal_fields
+    from gptoss_spark.service.logs import ENGINE_LOGGER, journal_fields
     f = journal_fields(ENGINE_LOGGER, {"event": "\rLoading 10%\rLoading 100%\r", "level": "info"})
     assert f["MESSAGE"] == "Loading 100%"

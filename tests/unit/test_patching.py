@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark import patching
+from gptoss_spark.install import patching
 from gptoss_spark.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -248,7 +248,7 @@ def test_an_installed_venv_is_judged_by_the_patch_set_it_recorded(venv, tmp_path
     recorded = venv / patching.RECORDED_DIR
     assert sorted(p.name for p in recorded.iterdir()) == sorted([*SERIES["patches"], "series.json"])
     monkeypatch.delenv(patching.ENV_PATCHES_DIR, raising=False)
-    monkeypatch.setattr(patching, "__file__", str(site_of(venv) / "gptoss_spark" / "patching.py"))
+    monkeypatch.setattr(patching, "__file__", str(site_of(venv) / "gptoss_spark" / "install" / "patching.py"))
     assert patching.default_patches_dir(venv) == recorded
     assert patching.inspect_venv(venv).state == "patched"
     finding = check_patches(venv)

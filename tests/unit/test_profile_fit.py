@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark import profiles as profiles_mod
+from gptoss_spark.service import profiles as profiles_mod
 from gptoss_spark.admin_cli import render_profiles
-from gptoss_spark.config import load_settings
+from gptoss_spark.service.config import load_settings
 from gptoss_spark.errors import RequirementError
-from gptoss_spark.fit import why_not
-from gptoss_spark.profiles import load_profiles
+from gptoss_spark.service.fit import why_not
+from gptoss_spark.service.profiles import load_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 

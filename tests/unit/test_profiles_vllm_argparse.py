@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from gptoss_spark.config import load_settings  # noqa: E402
-from gptoss_spark.engine import build_argv  # noqa: E402
-from gptoss_spark.profiles import load_profiles  # noqa: E402
+from gptoss_spark.service.config import load_settings  # noqa: E402
+from gptoss_spark.service.engine import build_argv  # noqa: E402
+from gptoss_spark.service.profiles import load_profiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = "vllm.entrypoints.openai.api_server"

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from gptoss_spark.state import PersistedState, StateStore
+from gptoss_spark.service.store import PersistedState, StateStore
 
 
 def test_round_trip_and_defaults(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gptoss_spark.config import RestartSettings
-from gptoss_spark.states import ALLOWED, IllegalTransition, RestartPolicy, StallDetector, State, StateMachine
+from gptoss_spark.service.config import RestartSettings
+from gptoss_spark.service.states import ALLOWED, IllegalTransition, RestartPolicy, StallDetector, State, StateMachine
 
 
 class FakeClock:

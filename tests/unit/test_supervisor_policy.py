@@ -12,9 +12,9 @@ import asyncio
 import itertools
 from pathlib import Path
 
-from gptoss_spark.probes import EngineMetrics
-from gptoss_spark.states import State
-from gptoss_spark.supervisor import EXIT_GAVE_UP, EXIT_OK, OpStatus, Supervisor
+from gptoss_spark.service.probes import EngineMetrics
+from gptoss_spark.service.states import State
+from gptoss_spark.service.supervisor import EXIT_GAVE_UP, EXIT_OK, OpStatus, Supervisor
 from tests.helpers.supervisor_settings import FakeMemory, make_settings
 
 PIDS = itertools.count(10_000)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.config import Settings
+from gptoss_spark.service.config import Settings
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "gptoss-spark.service"
 DROPINS = UNIT.with_name(UNIT.name + ".d")

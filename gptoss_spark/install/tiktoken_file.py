@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 FILE_NAME = "o200k_base.tiktoken"
 # The hash tiktoken_ext/openai_public.py pins for o200k_base (decompressed).

@@ -32,8 +32,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
-from .fsutil import write_atomic
+from ..errors import UserError
+from ..fsutil import write_atomic
 
 MANIFEST_NAME = "gptoss-spark-patches.json"
 SERIES_NAME = "series.json"
@@ -247,7 +247,7 @@ def default_patches_dir(venv: Path | str | None = None) -> Path:
     env = os.environ.get(ENV_PATCHES_DIR)
     if env:
         return Path(env)
-    checkout = Path(__file__).resolve().parent.parent / "patches" / "vllm"
+    checkout = Path(__file__).resolve().parents[2] / "patches" / "vllm"  # <repo>/gptoss_spark/install/
     if venv is not None and not (checkout / SERIES_NAME).is_file():
         recorded = Path(venv) / RECORDED_DIR
         if (recorded / SERIES_NAME).is_file():
@@ -613,5 +613,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from .cli import main
+    from ..cli import main
     sys.exit(main(["patches", *sys.argv[1:]]))

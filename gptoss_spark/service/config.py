@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/gptoss-spark/gptoss-spark.toml")
 CONFIG_ENV_VAR = "GPTOSS_SPARK_CONFIG"

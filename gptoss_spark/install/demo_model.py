@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 from .tiktoken_file import FILE_NAME as TIKTOKEN_FILE_NAME
 from .tiktoken_file import install_tiktoken_file
 
@@ -263,7 +263,7 @@ def _mxfp4_experts(weights_path: Path, seed: int, experts: str) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+    from ..mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
     tensors = load_file(weights_path)
     g = torch.Generator().manual_seed(seed)

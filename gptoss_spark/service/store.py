@@ -13,9 +13,9 @@ from pathlib import Path
 
 import structlog
 
-from .fsutil import write_atomic
+from ..fsutil import write_atomic
 
-log = structlog.get_logger("gptoss_spark.state")
+log = structlog.get_logger("gptoss_spark.service.store")
 
 
 @dataclass(frozen=True)

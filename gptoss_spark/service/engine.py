@@ -23,12 +23,12 @@ import structlog
 from .api_access import read_api_key
 from .config import Settings
 from .exit_reason import describe_exit
-from .flashinfer_jit import cache as fi_cache
+from ..flashinfer_jit import cache as fi_cache
 from .logs import ENGINE_LOGGER, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
 
-log = structlog.get_logger("gptoss_spark.engine")
+log = structlog.get_logger("gptoss_spark.service.engine")
 engine_log = structlog.get_logger(ENGINE_LOGGER)
 # The supervisor's own probes (probes.py) hit these every few seconds: kept out of the engine's access log.
 PROBE_PATHS = ("/health", "/metrics")

@@ -29,15 +29,15 @@ from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
 from .exit_reason import failure_signature
-from .errors import ConfigError, RequirementError
+from ..errors import ConfigError, RequirementError
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .profiles import Profile, load_profiles, unknown_profiles
-from .state import PersistedState, StateStore
+from .store import PersistedState, StateStore
 from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
 from .systemd import Notifier, watchdog_interval
 
-log = structlog.get_logger("gptoss_spark.supervisor")
+log = structlog.get_logger("gptoss_spark.service.supervisor")
 
 # Exit codes of `gptoss-spark serve`; the unit's RestartPreventExitStatus lists 2-4.
 EXIT_OK = 0

@@ -22,7 +22,7 @@ import structlog
 
 from .config import AlertSettings
 
-log = structlog.get_logger("gptoss_spark.alerts")
+log = structlog.get_logger("gptoss_spark.service.alerts")
 
 EVENTS = ("gave_up", "memory_guard", "wedged")
 
