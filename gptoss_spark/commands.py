@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
 import structlog
 
 from .service import logs
 from .service.api_access import check_api_access
-from .service.argcheck import ArgCheckUnavailable, profile_rejects
+from .service.argcheck import ArgCheckUnavailable, profile_rejects, profiles_rejected
 from .service.config import load_settings, resolve_config_path
 from .errors import ConfigError
 from .service.profiles import get_profile, load_profiles
@@ -29,12 +30,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="validate the settings, the profiles and the active profile's requirements")
     p.add_argument("--config")
     p.add_argument("--profile", help="check this profile's requirements (default: the active one)")
+    p.add_argument("--all-profiles", action="store_true",
+                   help="only ask vLLM's parser about every profile's engine arguments (what an upgrade "
+                        "checks before it stops the running engine); exit 1 if it rejects any")
+    p.add_argument("--engine-python", help="check with this interpreter's vLLM instead of engine.python's")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     settings = load_settings(resolve_config_path(args.config))
+    if args.engine_python:
+        engine = settings.engine.model_copy(update={"python": args.engine_python})
+        settings = settings.model_copy(update={"engine": engine})
     profiles = load_profiles(settings)
+    if args.all_profiles:
+        return _check_all(settings, profiles)
     name = args.profile or StateStore(settings.state_file).load().active_profile or settings.default_profile
     profile = get_profile(profiles, name, settings)
     profile.check_requirements(settings)
@@ -50,6 +60,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
           f"profile {name} can start (vLLM accepts its engine arguments)")
     return 0
+
+
+def _check_all(settings, profiles) -> int:
+    """One line per profile; a profile vLLM cannot be asked about (its engine does not run on this
+    machine: a Spark profile beside a --cpu demonstration) is named but is no failure."""
+    results = asyncio.run(profiles_rejected(settings, profiles))
+    for name, (verdict, line) in results.items():
+        where = profiles[name].source
+        if verdict == "rejected":
+            print(f"profile {name} ({where}): vLLM rejects its engine arguments: {line}", file=sys.stderr)
+        elif verdict == "unchecked":
+            print(f"  profile {name}: not checked: {line}")
+        else:
+            print(f"  profile {name}: vLLM accepts its engine arguments")
+    return 1 if any(v == "rejected" for v, _ in results.values()) else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

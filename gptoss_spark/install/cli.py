@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 
-from . import dropins, locks, placement, preflight, uninstall, venvs
-from .layout import EXIT_LAN, EXIT_PYTHON, InstallError, Layout, layout_from_env
+from . import dropins, locks, placement, preflight, uninstall, validate, venvs, versions, why
+from .layout import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON, InstallError, Layout, layout_from_env
 
 
 def _say(*lines: str) -> None:
@@ -143,42 +144,114 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_placed(layout: Layout, placed: list[placement.Placed]) -> None:
+    for p in placed:
+        if p.action not in ("unchanged", "masked"):
+            _say(p.line(layout))
+        if p.saved_aside:
+            _say(f"  (your edited {layout.real(p.path)} is saved as {layout.real(p.path)}.old; "
+                 "put local changes in a drop-in: systemctl edit gptoss-spark)")
+
+
+def _changed(placed: list[placement.Placed]) -> bool:
+    return any(p.action not in ("unchanged", "masked") for p in placed)
+
+
 def cmd_unit(args: argparse.Namespace) -> int:
-    """The unit, its shipped drop-ins (the syscall filter) and 30-lan.conf for a LAN bind."""
+    """Keep this source's unit and shipped drop-ins with venvs/<id> (they go in with its switch);
+    when that venv already is current, install them now. 30-lan.conf for a LAN bind either way."""
     layout = _layout(args)
     try:  # before writing anything: a bad bind host changes nothing
         lan = dropins.place_lan(layout, dry_run=True)
     except ValueError as e:
         raise InstallError(str(e), EXIT_LAN) from e
-    p = placement.install_unit(layout, _source(args), dry_run=args.dry_run)
-    _say(p.line(layout))
-    if p.action == "replaced":
-        _say(f"  (the previous unit file is saved as {layout.real(layout.unit_file)}.old; "
-             "put local changes in a drop-in: systemctl edit gptoss-spark)")
-    placed = dropins.install_shipped(layout, _source(args), dry_run=args.dry_run)
+    is_current = venvs.read_link_id(layout.current) == args.venv_id
+    built = venvs.is_complete(layout.venvs_dir / args.venv_id)
+    placed: list[placement.Placed] = []
+    if built and not args.dry_run:
+        versions.store_shipped(layout, _source(args), args.venv_id)
+    if is_current:
+        if args.dry_run:
+            placed = [placement.install_unit(layout, _source(args), dry_run=True),
+                      *dropins.install_shipped(layout, _source(args), dry_run=True)]
+        else:
+            placed = versions.apply_unit(layout, args.venv_id)
+    else:
+        _say(f"  the unit and drop-ins of venvs/{args.venv_id} go in with its switch")
     if lan is not None and not args.dry_run:
         lan = dropins.place_lan(layout)
     placed += [lan] if lan is not None else []
-    for d in placed:
-        if d.action != "unchanged":
-            _say(d.line(layout))
-    changed = [x for x in [p, *placed] if x.action not in ("unchanged", "masked")]
-    _answer("changed" if changed else "unchanged")
+    _say_placed(layout, placed)
+    _answer("changed" if _changed(placed) else "unchanged")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    venv = layout.venvs_dir / args.venv_id
+    if venvs.read_link_id(layout.current) == args.venv_id:
+        _say(f"  venvs/{args.venv_id} already is the current version: nothing to check")
+    elif args.dry_run:
+        _say(f"  would check {layout.real(venv)} (imports, patches, each profile's engine arguments) "
+             "before touching the running service")
+    else:
+        try:
+            validate.validate_version(layout, venv, _source(args), log=_say)
+        except InstallError as e:
+            if e.exit_code != EXIT_ARGS:
+                shutil.rmtree(venv, ignore_errors=True)  # the venv itself is broken: reclaim its disk
+            else:
+                _say(f"  kept {layout.real(venv)}: after fixing the profile, install.sh does not build it again")
+            raise
     return 0
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
+    """current -> venvs/<id> together with its unit; the old venvs stay until the new one served."""
     layout = _layout(args)
-    moved = venvs.switch_current(layout, args.venv_id, dry_run=args.dry_run)
+    moved, placed = versions.switch_to(layout, args.venv_id, dry_run=args.dry_run)
     if moved:
-        _say(f"  {'would point' if args.dry_run else 'pointed'} {layout.real(layout.current)} at venvs/{args.venv_id}")
-        if not args.dry_run:
-            removed = venvs.prune(layout)
-            if removed:
-                _say(f"  removed old versions: {', '.join(removed)}")
+        _say(f"  {'would point' if args.dry_run else 'pointed'} {layout.real(layout.current)} at venvs/{args.venv_id}"
+             + ("" if args.dry_run else f" (previous: {venvs.read_link_id(layout.previous) or '-'})"))
+        _say_placed(layout, placed)
     else:
         _say(f"  {layout.real(layout.current)} already is venvs/{args.venv_id}")
     _answer("switched" if moved else "unchanged")
+    return 0
+
+
+def cmd_switch_back(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    old, failed, placed = versions.switch_back(layout)
+    if old is None:
+        _say(f"  nothing to switch back to: venvs/{failed} was the first version installed here")
+        _answer("-")
+        return 0
+    _say(f"  switched {layout.real(layout.current)} back to venvs/{old}, with its unit; venvs/{failed} goes "
+         "once that serves")
+    _say_placed(layout, placed)
+    _answer(old)
+    return 0
+
+
+def cmd_served(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    removed = versions.mark_served(layout, keep=tuple(args.keep or ()))
+    if removed:
+        _say(f"  removed old versions: {', '.join(removed)}")
+    return 0
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    removed = venvs.prune(layout)
+    if removed:
+        _say(f"  removed versions no link names: {', '.join(removed)}")
+    return 0
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    print(why.failure_reason(args.since))
     return 0
 
 
@@ -195,10 +268,8 @@ def cmd_link(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    layout = _layout(args)
-    was, now = venvs.rollback(layout, dry_run=args.dry_run)
-    _say(f"  {'would switch' if args.dry_run else 'switched'} {layout.real(layout.current)}: {was} -> {now}")
-    _answer(now)
+    """To `previous` (always a version that served), with its unit. --dry-run: which, and when it served."""
+    _answer(versions.rollback(_layout(args), dry_run=args.dry_run, log=_say))
     return 0
 
 
@@ -212,7 +283,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     cur, prev = venvs.read_link_id(layout.current), venvs.read_link_id(layout.previous)
     print(f"current:  {cur or '-'}\nprevious: {prev or '-'}")
     for v in venvs.list_venvs(layout):
-        print(f"  venvs/{v}")
+        print(f"  venvs/{v}  last served: {versions.last_served(layout, v) or 'never'}")
     return 0
 
 
@@ -274,11 +345,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     step("token", cmd_token, "admin token and API key, only if absent")
     sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
     sp.add_argument("--venv-id", required=True)
-    step("unit", cmd_unit, "install the systemd unit file", source=True)
-    sp = step("switch", cmd_switch, "atomically point current at a built venv")
+    sp = step("unit", cmd_unit, "keep the unit with its venv (installed now if that venv is current)", source=True)
+    sp.add_argument("--venv-id", required=True)
+    sp = step("validate", cmd_validate, "check a built venv before the running service is touched", source=True)
+    sp.add_argument("--venv-id", required=True)
+    sp = step("switch", cmd_switch, "atomically point current at a built venv, with its unit")
     sp.add_argument("venv_id")
+    step("switch-back", cmd_switch_back, "undo the last switch (the new version did not become ready)", dry=False)
+    sp = step("served", cmd_served, "record that current serves; remove versions no link names", dry=False)
+    sp.add_argument("--keep", action="append", help="a venv id to keep although no link names it (repeatable)")
+    step("reclaim", cmd_reclaim, "remove versions neither current nor previous names", dry=False)
+    sp = step("why", cmd_why, "the one line that says why the service did not become ready", dry=False)
+    sp.add_argument("--since", type=float, required=True, help="epoch seconds: look at the journal from then on")
     step("link", cmd_link, "put the gptoss-spark command on PATH (/usr/local/bin)")
-    step("rollback", cmd_rollback, "swap current and previous")
+    step("rollback", cmd_rollback, "switch to previous, the last other version that served, with its unit")
     sp = step("uninstall", cmd_uninstall, "remove unit and code (config and state too with --purge)")
     sp.add_argument("--purge", action="store_true")
     step("status", cmd_status, "show installed versions", dry=False)

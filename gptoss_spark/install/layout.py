@@ -34,11 +34,13 @@ EXIT_VENV = 20          # building the new environment (venv, pip) failed
 EXIT_PATCHES = 21       # vLLM patches did not apply or verify
 EXIT_KERNELS = 22       # ahead-of-time kernel build failed
 EXIT_ASSETS = 23        # tiktoken file / demo model could not be prepared
-EXIT_START = 24         # the service did not become ready (previous install restored)
+EXIT_START = 24         # the new version did not become ready; switched back, the previous one serves again
 EXIT_NO_PREVIOUS = 25   # --rollback with no previous install to go back to
 EXIT_NOT_INSTALLED = 26
 EXIT_FLASHINFER = 27     # FlashInfer JIT modules did not build or link
 EXIT_LAN = 28           # engine.host/admin.host is not an address of this machine (30-lan.conf)
+EXIT_ARGS = 29          # the new version's vLLM rejects an installed profile's engine arguments (nothing changed)
+EXIT_NOT_SERVING = 30   # the service does not serve: nothing to switch back to, or that did not start either
 
 
 class InstallError(UserError):

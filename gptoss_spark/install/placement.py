@@ -9,6 +9,7 @@ and the new default goes beside it as `<name>.dist`, and we say so
 from __future__ import annotations
 
 import grp
+import hashlib
 import os
 import pwd
 import re
@@ -28,6 +29,7 @@ DEMO_PROFILE = "demo"
 class Placed:
     path: Path
     action: str   # created | unchanged | kept | replaced | masked | removed, or would-<action>
+    saved_aside: bool = False  # the unit: a locally edited copy was kept as <name>.old
 
     def line(self, layout: Layout) -> str:
         p = layout.real(self.path)
@@ -269,9 +271,11 @@ def ensure_secret(layout: Layout, path: Path, *, dry_run: bool = False, gid: int
 
 # ------------------------------------------------------------ unit file
 
-def install_unit(layout: Layout, source: Path, *, dry_run: bool = False) -> Placed:
-    """The unit file is ours: replaced when this version's differs. A local edit
-    of it (instead of a drop-in) is saved as .service.old before replacing."""
+def install_unit(layout: Layout, source: Path, *, dry_run: bool = False, last_written: str | None = None) -> Placed:
+    """The unit file is ours: replaced when this version's differs. A local edit of it
+    (instead of a drop-in) is saved as .service.old before replacing: the file on disk
+    differs from `last_written` (the sha256 of what the installer last wrote there; with
+    none known, any file that differs counts as edited)."""
     new = (source / "systemd" / "gptoss-spark.service").read_bytes()
     dest = layout.unit_file
     if dest.exists() and dest.read_bytes() == new:
@@ -279,11 +283,12 @@ def install_unit(layout: Layout, source: Path, *, dry_run: bool = False) -> Plac
     if dry_run:
         return Placed(dest, "would-replace" if dest.exists() else "would-create")
     existed = dest.exists()
+    edited = existed and hashlib.sha256(dest.read_bytes()).hexdigest() != last_written
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if existed:
+    if edited:
         shutil.copy2(dest, dest.with_name(dest.name + ".old"))
     _write_atomic(dest, new, 0o644)
-    return Placed(dest, "replaced" if existed else "created")
+    return Placed(dest, "replaced" if existed else "created", saved_aside=edited)
 
 
 # ------------------------------------------------------------ the command on PATH

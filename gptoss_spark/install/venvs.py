@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .layout import (EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_NO_PREVIOUS, EXIT_PATCHES, EXIT_VENV,
+from .layout import (EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV,
                      InstallError, SERVICE, Layout)
 from .locks import CPU_UNWANTED, LockTarget
 
@@ -102,41 +102,6 @@ def _atomic_symlink(link: Path, target: str) -> None:
         tmp.unlink()
     os.symlink(target, tmp)
     os.replace(tmp, link)  # rename(2): readers see the old link or the new one, never none
-
-
-def switch_current(layout: Layout, new_id: str, *, dry_run: bool = False) -> bool:
-    """Point `current` at venvs/<new_id>, `previous` at what current was. False if already there."""
-    venv = layout.venvs_dir / new_id
-    if dry_run and not is_complete(venv):
-        return True  # it would be built first
-    if not is_complete(venv):
-        raise InstallError(f"{venv} is not a complete install; run install.sh again", EXIT_VENV)
-    old = read_link_id(layout.current)
-    if old == new_id:
-        return False
-    if dry_run:
-        return True
-    _atomic_symlink(layout.current, f"venvs/{new_id}")
-    if old and is_complete(layout.venvs_dir / old):
-        _atomic_symlink(layout.previous, f"venvs/{old}")
-    return True
-
-
-def rollback(layout: Layout, *, dry_run: bool = False) -> tuple[str | None, str]:
-    """Swap current and previous. Returns (was, now)."""
-    prev = read_link_id(layout.previous)
-    if not prev or not is_complete(layout.venvs_dir / prev):
-        raise InstallError("no previous install to roll back to (only one version was ever installed here)",
-                           EXIT_NO_PREVIOUS)
-    cur = read_link_id(layout.current)
-    if dry_run:
-        return cur, prev
-    _atomic_symlink(layout.current, f"venvs/{prev}")
-    if cur and is_complete(layout.venvs_dir / cur):
-        _atomic_symlink(layout.previous, f"venvs/{cur}")
-    else:
-        layout.previous.unlink()
-    return cur, prev
 
 
 def prune(layout: Layout, *, keep: Sequence[str] = (), dry_run: bool = False) -> list[str]:

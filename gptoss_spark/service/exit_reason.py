@@ -19,8 +19,10 @@ _ACCESS_LOG = re.compile(r'"[A-Z]+ \S* HTTP/[0-9.]+" \d{3}\b')
 # uvicorn's `ERROR:`), argparse's `prog: error: ...`, a traceback's first and last lines
 # (vLLM prefixes its processes' lines with `(EngineCore pid=N) `).
 # Not a bare ERROR: vLLM's usage text lists `{CRITICAL,ERROR,WARNING,...}`.
+# pydantic's ValidationError (vLLM's config classes) names the class on one line and says what is
+# wrong on the next, indented: `  Value error, User-specified max_model_len (...) is greater ...`.
 _ERRORISH = re.compile(r"\b(ERROR|CRITICAL)(:|\s+\d\d-\d\d\s)|: error: |Traceback \(most recent call last\)"
-                       r"|^(\([^)]*\)\s*)?[\w.]+(Error|Exception)(:|$)")
+                       r"|^(\([^)]*\)\s*)?[\w.]+(Error|Exception)(:|$)|^\s+Value error, ")
 
 # A SIGKILL nobody here sent is most often the kernel's OOM killer.
 _KILL_HINT = "; if nothing here sent it, check `journalctl -k` for the kernel's OOM killer"

@@ -201,7 +201,7 @@ def test_cold_install(ns):
           "/opt/gptoss-spark/current/bin/gptoss-spark --version")
 
 
-def test_start_returns_after_ready(ns):
+def test_pin_to_one_core_and_add_a_profile(ns):
     # Tests pin the service (and so its engine) to one core: vLLM on a CPU stalls the box.
     ns.sh("mkdir -p /etc/systemd/system/gptoss-spark.service.d && "
           "printf '[Service]\\nCPUAffinity=1\\n' > /etc/systemd/system/gptoss-spark.service.d/10-test.conf && "
@@ -209,6 +209,37 @@ def test_start_returns_after_ready(ns):
     # A second profile for the switch step: the demo with 2 sequences instead of 4.
     ns.sh("sed 's/\"--max-num-seqs\", \"4\"/\"--max-num-seqs\", \"2\"/' /etc/gptoss-spark/profiles/demo.toml "
           "> /etc/gptoss-spark/profiles.d/demo-b.toml && grep -q '\"2\"' /etc/gptoss-spark/profiles.d/demo-b.toml")
+
+
+def ns_now(ns) -> int:
+    return int(ns.sh("date +%s").stdout)
+
+
+def test_deterministic_start_failure_gives_up_at_once(ns):
+    """An engine argument vLLM rejects (exit 2): one engine start, then the service fails with
+    vLLM's own error line as the reason, not after retries and not buried under its usage text."""
+    ns.sh("sed 's/\"--max-num-seqs\", \"4\"/\"--max-num-seqs\", \"four\"/' /etc/gptoss-spark/profiles/demo.toml "
+          "> /etc/gptoss-spark/profiles.d/demo.toml")  # profiles.d wins over profiles/
+    t0 = ns_now(ns)
+    try:
+        r = timed("start_deterministic_failure_s", ns, "systemctl start gptoss-spark", check=False, timeout=600)
+        assert r.returncode != 0
+        assert show(ns, "ExecMainStatus")["ExecMainStatus"] == "4", show(ns, "ExecMainStatus", "Result")
+        since = f"--since=@{t0}"
+        assert len(journal(ns, "EVENT=state", "STATE=loading", since)) == 1  # one attempt
+        failed = journal(ns, "EVENT=state", "STATE=failed", since)
+        assert len(failed) == 1, failed
+        reason = failed[0]["REASON"]
+        assert reason.startswith("gave up at once, the engine rejected its arguments (exit 2)"), reason
+        assert "error: argument --max-num-seqs: invalid int value: 'four'" in reason and "usage:" not in reason, reason
+        # The installer's one line for it (shown with exit 24/30) is that reason.
+        line = ns.sh(f"PYTHONPATH={SRC} /usr/bin/python3 -m gptoss_spark.install why --since {t0}").stdout.strip()
+        assert line == reason, line
+    finally:
+        ns.sh("rm -f /etc/gptoss-spark/profiles.d/demo.toml && systemctl reset-failed gptoss-spark", check=False)
+
+
+def test_start_returns_after_ready(ns):
     timed("start_s", ns, "systemctl start gptoss-spark", timeout=900)
     # Type=notify: when start returns, the engine is ready, not merely spawned.
     assert http_code(ns, f"{ENGINE}/health") == "200"
@@ -424,6 +455,150 @@ def test_failed_upgrade_leaves_previous_serving(ns):
     assert ns.sh("ls /opt/gptoss-spark/venvs").stdout.split() == [venv_before.strip().split("/")[-1]]
     assert show(ns, "MainPID")["MainPID"] == main_before
     assert http_code(ns, f"{ENGINE}/health") == "200"
+
+
+# ------------------------------------------------------------------ upgrades that switch (or must not)
+
+POLL = """#!/bin/bash
+# One line per try: <epoch seconds> <HTTP code of /v1/models> (000: no answer within 1 s).
+while :; do
+  t=$(date +%s.%N); c=$(curl -s -o /dev/null -w '%{http_code}' -m 1 http://127.0.0.1:8100/v1/models)
+  echo "$t $c"; sleep "$1"
+done
+"""
+
+
+class Poll:
+    """/v1/models polled inside the namespace while a command runs: the serving gap."""
+
+    def __init__(self, ns, name: str, interval: float):
+        self.ns, self.log = ns, f"/tmp/poll-{name}.log"
+        ns.sh(f"printf %s {quote(POLL)} > /tmp/poll.sh && chmod +x /tmp/poll.sh")
+        self.pid = ns.sh(f"setsid /tmp/poll.sh {interval} > {self.log} 2>&1 < /dev/null & echo $!").stdout.strip()
+        wait_for(lambda: " 200" in ns.sh(f"cat {self.log}").stdout, 30, "the poller's first 200")
+
+    def stop(self) -> list[tuple[float, str]]:
+        self.ns.sh(f"kill {self.pid}", check=False)
+        rows = [ln.split() for ln in self.ns.sh(f"cat {self.log}").stdout.splitlines()]
+        return [(float(r[0]), r[1]) for r in rows if len(r) == 2]
+
+    @staticmethod
+    def gap(rows: list[tuple[float, str]]) -> float:
+        """Longest time from a last 200 to the next 200 (0 if every try answered 200)."""
+        last_ok, worst, down = None, 0.0, False
+        for t, code in rows:
+            if code == "200":
+                if down and last_ok is not None:
+                    worst = max(worst, t - last_ok)
+                last_ok, down = t, False
+            else:
+                down = True
+        return round(worst, 1)
+
+
+def new_version(ns, dest: str, *, serve_option: str | None = None, engine_args: tuple[str, ...] = ()) -> None:
+    """A copy of the installed source as a new version: its `serve` takes --<serve_option> and its
+    unit passes it (a `serve` without the option exits 2 under that unit); every engine argv it
+    builds ends with engine_args."""
+    ns.sh(f"rm -rf {dest} && cp -a {SRC} {dest}")
+    edit = f"""
+import pathlib, sys
+d = pathlib.Path({dest!r}); opt = {serve_option!r}; extra = {list(engine_args)!r}
+c = d / 'gptoss_spark/commands.py'; t = c.read_text()
+t += '\\n# test version ' + d.name + '\\n'
+if opt:
+    a = '    p.add_argument("--log-level"'
+    assert a in t
+    t = t.replace(a, '    p.add_argument("--' + opt + '", action="store_true")\\n' + a, 1)
+    u = d / 'systemd/gptoss-spark.service'; ut = u.read_text()
+    b = 'serve --config /etc/gptoss-spark/gptoss-spark.toml'
+    assert b in ut
+    u.write_text(ut.replace(b, b + ' --' + opt))
+c.write_text(t)
+if extra:
+    e = d / 'gptoss_spark/service/engine.py'; et = e.read_text()
+    a = '        *profile.engine_args(settings),\\n'
+    assert a in et
+    e.write_text(et.replace(a, a + ''.join('        ' + repr(x) + ',\\n' for x in extra)))
+"""
+    ns.sh(f"/usr/bin/python3 - <<'EOF'\n{edit}\nEOF")
+
+
+def venv_ids(ns) -> list[str]:
+    return ns.sh("ls /opt/gptoss-spark/venvs").stdout.split()
+
+
+def link(ns, name: str) -> str:
+    return ns.sh(f"readlink /opt/gptoss-spark/{name}", check=False).stdout.strip().split("/")[-1]
+
+
+UNIT = "/etc/systemd/system/gptoss-spark.service"
+VERSIONS: dict[str, str] = {}
+
+
+def test_upgrade_refused_before_the_engine_is_touched(ns):
+    """A new version whose engine argv its vLLM rejects: refused after the build, before the stop.
+    The old engine never stops: no gap in a 1 s poll."""
+    VERSIONS["v1"] = link(ns, "current")
+    main_before, eng_before = show(ns, "MainPID")["MainPID"], engine_pid(ns)
+    new_version(ns, "/tmp/src3", engine_args=("--systest-no-such-flag",))
+    poll = Poll(ns, "refused", 1.0)
+    r = timed("install_refused_upgrade_s", ns, "/tmp/src3/install.sh --cpu", check=False, timeout=1200)
+    rows = poll.stop()
+    assert r.returncode == 29, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "vLLM rejects its engine arguments: unrecognized arguments: --systest-no-such-flag" in r.stderr, r.stderr
+    assert rows and all(code == "200" for _, code in rows), [x for x in rows if x[1] != "200"]
+    assert link(ns, "current") == VERSIONS["v1"]
+    assert show(ns, "MainPID")["MainPID"] == main_before and engine_pid(ns) == eng_before
+
+
+def test_upgrade_switches_the_unit_with_the_version(ns):
+    """A successful upgrade whose unit passes a new `serve` option. Its gap is measured."""
+    new_version(ns, "/tmp/src4", serve_option="systest-v4")
+    poll = Poll(ns, "upgrade", 0.25)
+    r = timed("install_upgrade_s", ns, "/tmp/src4/install.sh --cpu", check=False, timeout=1500)
+    TIMINGS["upgrade_gap_s"] = Poll.gap(poll.stop())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    VERSIONS["v4"] = link(ns, "current")
+    assert VERSIONS["v4"] != VERSIONS["v1"] and link(ns, "previous") == VERSIONS["v1"]
+    assert "--systest-v4" in show(ns, "ExecStart")["ExecStart"]
+    assert "saved as" not in r.stderr  # the unit on disk was ours as written: no .service.old notice
+    assert sorted(venv_ids(ns)) == sorted([VERSIONS["v1"], VERSIONS["v4"]])  # the refused build is reclaimed
+    assert http_code(ns, f"{ENGINE}/v1/models") == "200"
+
+
+def test_failed_upgrade_with_a_new_unit_restores_the_old_version_and_unit(ns):
+    """The new version's unit passes an option the old `serve` does not know, and its engine never
+    gets ready (a max-model-len the checkpoint does not allow, which only loading finds out).
+    Afterwards the old version serves under its own unit, and `previous` is not the failed one."""
+    unit_before = ns.sh(f"cat {UNIT}").stdout
+    new_version(ns, "/tmp/src5", serve_option="systest-v5", engine_args=("--max-model-len", "99999999"))
+    poll = Poll(ns, "failed-upgrade", 0.25)
+    r = timed("install_failed_start_upgrade_s", ns, "/tmp/src5/install.sh --cpu", check=False, timeout=1500)
+    TIMINGS["failed_upgrade_gap_s"] = Poll.gap(poll.stop())
+    out = r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 24, out
+    assert f"switched back to {VERSIONS['v4']}, which serves again" in r.stderr, out
+    assert "max_model_len" in r.stderr, out  # the one line that says why
+    assert ns.sh(f"cat {UNIT}").stdout == unit_before and "--systest-v5" not in show(ns, "ExecStart")["ExecStart"]
+    assert link(ns, "current") == VERSIONS["v4"] and link(ns, "previous") == VERSIONS["v1"]
+    assert sorted(venv_ids(ns)) == sorted([VERSIONS["v1"], VERSIONS["v4"]])  # the failed one is removed
+    assert show(ns, "ActiveState")["ActiveState"] == "active"
+    assert http_code(ns, f"{ENGINE}/v1/models") == "200"
+
+
+def test_rollback_after_a_failed_upgrade(ns):
+    """--rollback goes to the last other version that served (not the failed one), unit included."""
+    r = ns.sh(f"{SRC}/install.sh --rollback --dry-run", timeout=120)
+    assert f"-> {VERSIONS['v1']} (last served " in r.stderr, r.stderr
+    assert link(ns, "current") == VERSIONS["v4"]
+    poll = Poll(ns, "rollback", 0.25)
+    timed("rollback_s", ns, f"{SRC}/install.sh --rollback", timeout=1200)
+    TIMINGS["rollback_gap_s"] = Poll.gap(poll.stop())
+    assert link(ns, "current") == VERSIONS["v1"] and link(ns, "previous") == VERSIONS["v4"]
+    ns.sh(f"cmp {SRC}/systemd/gptoss-spark.service {UNIT}")
+    assert "--systest-v4" not in show(ns, "ExecStart")["ExecStart"]
+    assert http_code(ns, f"{ENGINE}/v1/models") == "200"
 
 
 def test_stop_leaves_no_process(ns):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gptoss_spark.service.argcheck import ArgCheckUnavailable, one_line, split_engine_argv, vllm_rejects
+from gptoss_spark.service.argcheck import ArgCheckUnavailable, one_line, split_engine_argv, vllm_rejects, vllm_rejects_many
 
 pytest.importorskip("vllm")
 
@@ -24,12 +24,12 @@ def test_accepted_argv():
     assert rejects(["--max-num-seqs", "4", "--enforce-eager", "--dtype", "bfloat16"]) is None
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--no-such-engine-flag"], "unrecognized arguments: --no-such-engine-flag"),
-    (["--max-num-seqs", "four"], "argument --max-num-seqs: invalid int value: 'four'"),
-])
-def test_rejection_is_vllms_error_line_alone(args, expected):
-    assert rejects(args) == expected
+def test_rejection_is_vllms_error_line_alone_and_one_import_answers_many():
+    base = ["--model", "/nonexistent/model"]
+    got = asyncio.run(vllm_rejects_many(sys.executable, [
+        [*base, "--no-such-engine-flag"], [*base, "--max-num-seqs", "4"], [*base, "--max-num-seqs", "four"]]))
+    assert got == ["unrecognized arguments: --no-such-engine-flag", None,
+                   "argument --max-num-seqs: invalid int value: 'four'"]
 
 
 def test_a_bad_choice_names_the_value():
@@ -57,3 +57,35 @@ def test_split_engine_argv_under_taskset():
 def test_one_line_folds_whitespace_and_bounds_length():
     assert one_line("a\n            b\tc") == "a b c"
     assert len(one_line("x" * 1000)) == 400
+
+
+def test_profiles_sharing_an_environment_share_one_child(tmp_path):
+    """check --all-profiles: one vLLM import per interpreter and environment, each profile's verdict
+    its own; a child without an answer leaves its profiles unchecked, not rejected. A stand-in
+    interpreter answers as the child would (counting its calls), so this needs no vLLM import."""
+    from gptoss_spark.service.argcheck import MARKER, profiles_rejected
+    from gptoss_spark.service.config import load_settings
+    from gptoss_spark.service.profiles import load_profiles
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import json, os, sys\n"
+                    f"open({str(calls)!r}, 'a').write('x')\n"
+                    "if os.environ.get('BREAK_IMPORT'): sys.exit('PluginError: not on this machine')\n"
+                    "argvs = json.loads(sys.argv[4])\n"
+                    "print(sys.argv[3] + json.dumps({'errors': ['unrecognized arguments: --bad' if '--bad' in a "
+                    "else None for a in argvs]}))\n")
+    fake.chmod(0o755)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    for name, args, env in (("a", "[]", ""), ("b", '["--bad"]', ""), ("c", "[]", 'env = { BREAK_IMPORT = "1" }')):
+        (pdir / f"{name}.toml").write_text(f'description = "{name}"\nmemory_gib = 1\n[engine]\nargs = {args}\n{env}\n')
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'default_profile = "a"\n[engine]\npython = "{fake}"\n[model]\ndir = "{tmp_path}"\n'
+                   f'[paths]\nstate_dir = "{tmp_path / "state"}"\nprofile_dirs = ["{pdir}"]\n')
+    settings = load_settings(cfg)
+    got = asyncio.run(profiles_rejected(settings, load_profiles(settings)))
+    assert got["a"] == ("ok", None) and got["b"] == ("rejected", "unrecognized arguments: --bad"), got
+    assert got["c"][0] == "unchecked" and "PluginError" in got["c"][1], got
+    assert calls.read_text() == "xx" and MARKER

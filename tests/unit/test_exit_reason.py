@@ -75,3 +75,13 @@ def test_sigsys_names_the_syscall_filter_and_how_to_turn_it_off():
     assert "SystemCallFilter" in r and "/etc/systemd/system/gptoss-spark.service.d/20-syscall-filter.conf" in r
     assert "sudo ln -sf /dev/null" in r and "type=1326" in r
     assert "OOM" not in r
+
+
+def test_pydantic_value_error_line_is_kept():
+    """vLLM's config classes fail with pydantic's ValidationError: the class on one line, what is
+    wrong on the next (indented). The reason must carry the second."""
+    out = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+           "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+           "  Value error, User-specified max_model_len (99999999) is greater than the derived max_model_len"]
+    r = describe_exit(1, out, " while loading")
+    assert r.endswith("| " + out[-1]), r

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.install import locks, placement, uninstall, venvs
+from gptoss_spark.install import locks, placement, uninstall, validate, venvs, versions, why
 from gptoss_spark.install import layout as L
 from gptoss_spark.install.layout import InstallError, Layout
 
@@ -194,7 +194,7 @@ def test_missing_patch_command_is_a_hook_point(lay, src):
 def test_failed_step_removes_the_new_venv_and_leaves_current(lay, src, fail_on, code):
     good = plan(lay, src, "spark")
     venvs.build_venv(good, run=FakeRunner(has=("patches", "kernels")), log=lambda s: None)
-    venvs.switch_current(lay, good.venv_id)
+    versions.switch_to(lay, good.venv_id)
     before = snapshot(lay.opt_dir)
     (src / "gptoss_spark" / "mod.py").write_text("x = 2\n")
     bad = plan(lay, src, "spark")
@@ -220,22 +220,39 @@ def fake_venv(lay: Layout, vid: str) -> None:
     (d / venvs.COMPLETE_MARKER).write_text("{}")
 
 
+def served(lay: Layout, vid: str) -> None:
+    """Switch to vid and let it serve; the other fake venvs stay (built, waiting for their turn)."""
+    assert versions.switch_to(lay, vid)[0] is True
+    versions.mark_served(lay, keep=tuple(p.name for p in lay.venvs_dir.iterdir()))
+
+
 def test_switch_is_atomic_and_keeps_previous(lay):
     fake_venv(lay, "a")
     fake_venv(lay, "b")
-    assert venvs.switch_current(lay, "a") is True
+    assert versions.switch_to(lay, "a")[0] is True
     assert os.readlink(lay.current) == "venvs/a"
-    assert venvs.switch_current(lay, "a") is False  # no-op
-    assert venvs.switch_current(lay, "b") is True
+    assert versions.switch_to(lay, "a")[0] is False  # no-op
+    versions.mark_served(lay, keep=("b",))          # b: built, about to be switched to
+    assert versions.switch_to(lay, "b")[0] is True
     assert os.readlink(lay.current) == "venvs/b" and os.readlink(lay.previous) == "venvs/a"
     assert lay.current.resolve() == (lay.venvs_dir / "b").resolve()
     assert not list(lay.opt_dir.glob(".*tmp"))
 
 
+def test_previous_is_only_a_version_that_served(lay):
+    for v in "abc":
+        fake_venv(lay, v)
+    versions.switch_to(lay, "a")
+    versions.mark_served(lay, keep=("b", "c"))
+    versions.switch_to(lay, "b")          # b never becomes ready ...
+    versions.switch_to(lay, "c")          # ... and an install of c follows
+    assert os.readlink(lay.previous) == "venvs/a"
+
+
 def test_switch_refuses_incomplete(lay):
     (lay.venvs_dir / "half").mkdir(parents=True)
     with pytest.raises(InstallError):
-        venvs.switch_current(lay, "half")
+        versions.switch_to(lay, "half")
 
 
 def test_switch_uses_rename(lay, monkeypatch):
@@ -243,35 +260,136 @@ def test_switch_uses_rename(lay, monkeypatch):
     seen = []
     real = os.replace
     monkeypatch.setattr(venvs.os, "replace", lambda s, d: (seen.append((Path(s).name, Path(d).name)), real(s, d)))
-    venvs.switch_current(lay, "a")
-    assert seen and seen[0][1] == "current"
+    versions.switch_to(lay, "a")
+    assert ("current" in [d for _, d in seen])
 
 
-def test_rollback_swaps_and_needs_a_previous(lay):
+def test_rollback_goes_to_the_last_version_that_served(lay):
     fake_venv(lay, "a")
-    venvs.switch_current(lay, "a")
+    served(lay, "a")
     with pytest.raises(InstallError) as e:
-        venvs.rollback(lay)
+        versions.rollback(lay)
     assert e.value.exit_code == L.EXIT_NO_PREVIOUS
     fake_venv(lay, "b")
-    venvs.switch_current(lay, "b")
-    assert venvs.rollback(lay, dry_run=True) == ("b", "a")
+    served(lay, "b")
+    lines = []
+    assert versions.rollback(lay, dry_run=True, log=lines.append) == "a"
+    assert "-> a (last served " in lines[0]
     assert os.readlink(lay.current) == "venvs/b"
-    assert venvs.rollback(lay) == ("b", "a")
+    assert versions.rollback(lay, log=lines.append) == "a"
+    versions.mark_served(lay)
     assert os.readlink(lay.current) == "venvs/a" and os.readlink(lay.previous) == "venvs/b"
-    venvs.rollback(lay)  # and back again
+    versions.rollback(lay, log=lines.append)  # and back again
     assert os.readlink(lay.current) == "venvs/b"
 
 
-def test_prune_keeps_current_and_previous(lay):
+def test_switch_back_restores_both_links_and_removes_the_failed_version(lay):
     for v in "abc":
         fake_venv(lay, v)
-        venvs.switch_current(lay, v)
+    served(lay, "a")
+    served(lay, "b")                       # current b, previous a
+    versions.switch_to(lay, "c")
+    assert os.readlink(lay.previous) == "venvs/b" and (lay.venvs_dir / "a").is_dir()  # kept for the undo
+    old, failed, _ = versions.switch_back(lay)
+    assert (old, failed) == ("b", "c")
+    assert os.readlink(lay.current) == "venvs/b" and os.readlink(lay.previous) == "venvs/a"
+    assert (lay.venvs_dir / "c").exists()   # removed after the restart, not in the gap before it
+    versions.mark_served(lay)
+    assert not (lay.venvs_dir / "c").exists()
+    assert versions.rollback_target(lay)[0] == "a"
+    with pytest.raises(InstallError):
+        versions.switch_back(lay)          # nothing left to undo
+
+
+def test_a_failed_rollback_is_not_offered_again(lay):
+    for v in "ab":
+        fake_venv(lay, v)
+    served(lay, "a")
+    served(lay, "b")
+    versions.rollback(lay, log=lambda _: None)   # to a, which now fails
+    old, failed, _ = versions.switch_back(lay)
+    assert (old, failed) == ("b", "a")
+    assert os.readlink(lay.current) == "venvs/b" and not lay.previous.is_symlink()
+    assert venvs.prune(lay) == ["a"]
+    with pytest.raises(InstallError):
+        versions.rollback(lay)
+
+
+def test_switch_back_after_a_first_install_keeps_it(lay):
+    fake_venv(lay, "a")
+    versions.switch_to(lay, "a")
+    assert versions.switch_back(lay)[0] is None
+    assert os.readlink(lay.current) == "venvs/a"
+
+
+def test_prune_waits_until_the_new_version_served(lay):
+    for v in "abc":
+        fake_venv(lay, v)
+        versions.switch_to(lay, v)
+        versions.mark_served(lay)
     (lay.venvs_dir / "half").mkdir()
-    assert venvs.prune(lay, dry_run=True) == ["a", "half"]
-    assert (lay.venvs_dir / "a").exists()
-    assert venvs.prune(lay) == ["a", "half"]
-    assert sorted(p.name for p in lay.venvs_dir.iterdir()) == ["b", "c"]
+    assert venvs.prune(lay, dry_run=True) == ["half"]  # a went when c served
+    assert sorted(p.name for p in lay.venvs_dir.iterdir()) == ["b", "c", "half"]
+    fake_venv(lay, "d")
+    versions.switch_to(lay, "d")
+    assert (lay.venvs_dir / "b").is_dir()        # still the way back
+    assert versions.mark_served(lay) == ["b", "half"]
+    assert sorted(p.name for p in lay.venvs_dir.iterdir()) == ["c", "d"]
+
+
+# ---------------------------------------------------------------- the unit belongs to its version
+
+def unit_src(tmp_path: Path, name: str, exec_extra: str, dropin: str | None = "x") -> Path:
+    s = tmp_path / name
+    (s / "systemd" / "gptoss-spark.service.d").mkdir(parents=True)
+    unit = (REPO / "systemd" / "gptoss-spark.service").read_text().replace(
+        "serve --config /etc/gptoss-spark/gptoss-spark.toml", f"serve --config /etc/gptoss-spark/gptoss-spark.toml{exec_extra}")
+    (s / "systemd" / "gptoss-spark.service").write_text(unit)
+    if dropin is not None:
+        (s / "systemd" / "gptoss-spark.service.d" / f"20-{name}.conf").write_text(f"[Service]\n# {dropin}\n")
+    return s
+
+
+def test_switching_versions_switches_their_units(lay, tmp_path):
+    old, new = unit_src(tmp_path, "old", ""), unit_src(tmp_path, "new", " --new-option")
+    for vid, s in (("a", old), ("b", new)):
+        fake_venv(lay, vid)
+        versions.store_shipped(lay, s, vid)
+    served(lay, "a")
+    assert "--new-option" not in lay.unit_file.read_text()
+    _, placed = versions.switch_to(lay, "b")
+    assert "--new-option" in lay.unit_file.read_text()
+    assert not any(p.saved_aside for p in placed)            # ours as written: no .old notice
+    assert (lay.dropin_dir / "20-new.conf").is_file() and not (lay.dropin_dir / "20-old.conf").exists()
+    versions.switch_back(lay)
+    assert lay.unit_file.read_bytes() == (old / "systemd" / "gptoss-spark.service").read_bytes()
+    assert (lay.dropin_dir / "20-old.conf").is_file() and not (lay.dropin_dir / "20-new.conf").exists()
+    assert not Path(str(lay.unit_file) + ".old").exists()
+
+
+def test_a_locally_edited_unit_is_saved_aside_on_switch(lay, tmp_path):
+    old, new = unit_src(tmp_path, "old", ""), unit_src(tmp_path, "new", " --new-option")
+    for vid, s in (("a", old), ("b", new)):
+        fake_venv(lay, vid)
+        versions.store_shipped(lay, s, vid)
+    served(lay, "a")
+    lay.unit_file.write_text("# local edit\n")
+    _, placed = versions.switch_to(lay, "b")
+    assert placed[0].saved_aside and Path(str(lay.unit_file) + ".old").read_text() == "# local edit\n"
+
+
+def test_a_version_without_a_stored_unit_gets_the_one_it_ran_under(lay, tmp_path):
+    old, new = unit_src(tmp_path, "old", " --old"), unit_src(tmp_path, "new", " --new-option")
+    fake_venv(lay, "a")
+    versions.switch_to(lay, "a")
+    versions.mark_served(lay)
+    lay.unit_file.parent.mkdir(parents=True, exist_ok=True)
+    lay.unit_file.write_bytes((old / "systemd" / "gptoss-spark.service").read_bytes())  # an older installer's
+    fake_venv(lay, "b")
+    versions.store_shipped(lay, new, "b")
+    versions.switch_to(lay, "b")
+    versions.switch_back(lay)
+    assert "--old" in lay.unit_file.read_text()
 
 
 # ---------------------------------------------------------------- config, token, unit
@@ -364,7 +482,7 @@ def installed(lay, src):
     placement.ensure_token(lay, gid=os.getgid())
     placement.install_unit(lay, src)
     fake_venv(lay, "a")
-    venvs.switch_current(lay, "a")
+    versions.switch_to(lay, "a")
     (lay.state_dir / "state.json").write_text("{}")
     lay.dropin_dir.mkdir()
     (lay.dropin_dir / "override.conf").write_text("[Service]\n")
@@ -408,7 +526,8 @@ def test_every_step_dry_run_changes_nothing(lay, src):
                  ["assets", "--venv-id", "x", "--cpu", "--dry-run"],
                  ["config", "--source", s, "--cpu", "--dry-run"], ["token", "--dry-run"],
                  ["flashinfer", "--venv-id", "x", "--dry-run"], ["flashinfer", "--venv-id", "x", "--cpu", "--dry-run"],
-                 ["unit", "--source", s, "--dry-run"], ["switch", "zzz", "--dry-run"], ["link", "--dry-run"],
+                 ["unit", "--source", s, "--venv-id", "x", "--dry-run"],
+                 ["validate", "--source", s, "--venv-id", "x", "--dry-run"], ["switch", "zzz", "--dry-run"], ["link", "--dry-run"],
                  ["uninstall", "--purge", "--dry-run"]):
         r = run_cli(lay, *args)
         assert r.returncode == 0, (args, r.stderr)
@@ -416,12 +535,69 @@ def test_every_step_dry_run_changes_nothing(lay, src):
 
 
 def test_cli_answers_on_stdout(lay, src):
-    r = run_cli(lay, "unit", "--source", str(src))
-    assert r.returncode == 0 and r.stdout.strip() == "changed"
-    r = run_cli(lay, "unit", "--source", str(src))
-    assert r.stdout.strip() == "unchanged"
+    fake_venv(lay, "a")
+    fake_venv(lay, "b")
+    r = run_cli(lay, "unit", "--source", str(src), "--venv-id", "a")
+    assert r.returncode == 0 and r.stdout.strip() == "unchanged" and "go in with its switch" in r.stderr
+    assert run_cli(lay, "switch", "a").stdout.strip() == "switched"
+    assert lay.unit_file.is_file()          # with the switch
+    r = run_cli(lay, "unit", "--source", str(src), "--venv-id", "a")
+    assert r.returncode == 0 and r.stdout.strip() == "unchanged"
+    (src / "systemd" / "gptoss-spark.service").write_text("[Service]\nExecStart=/bin/true\n")
+    r = run_cli(lay, "unit", "--source", str(src), "--venv-id", "a")   # a unit-only change of the current version
+    assert r.stdout.strip() == "changed" and ".old" not in r.stderr
     r = run_cli(lay, "rollback")
-    assert r.returncode == L.EXIT_NO_PREVIOUS and "no previous install" in r.stderr
+    assert r.returncode == L.EXIT_NO_PREVIOUS and "no previous version that served" in r.stderr
+    assert run_cli(lay, "served", "--keep", "b").returncode == 0
+    run_cli(lay, "unit", "--source", str(src), "--venv-id", "b")
+    assert run_cli(lay, "switch", "b").stdout.strip() == "switched"
+    r = run_cli(lay, "switch-back")
+    assert r.returncode == 0 and r.stdout.strip() == "a" and "venvs/b goes once that serves" in r.stderr
+    assert run_cli(lay, "reclaim").returncode == 0 and not (lay.venvs_dir / "b").exists()
+
+
+def test_validate_runs_imports_patches_and_every_profiles_arguments_before_the_switch(lay, src):
+    fake_venv(lay, "a")
+    venv = lay.venvs_dir / "a"
+    calls = []
+    validate.validate_version(lay, venv, src, run=lambda argv: calls.append([str(a) for a in argv]) or 0,
+                              log=lambda _: None)
+    assert calls[0][1:3] == ["-c", "import vllm, transformers, gptoss_spark"]
+    assert calls[-1][:1] == ["setpriv"] and calls[-1][-5:-2] == ["check", "--all-profiles", "--config"] or \
+        "--all-profiles" in calls[-1]
+    assert calls[-1][-2:] == ["--engine-python", lay.real(venv / "bin" / "python")]
+    assert any("verify" in c for c in calls)
+
+
+def test_validate_refuses_with_its_exit_code(lay, src):
+    fake_venv(lay, "a")
+    with pytest.raises(InstallError) as e:
+        validate.validate_version(lay, lay.venvs_dir / "a", src,
+                                  run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
+    assert e.value.exit_code == L.EXIT_ARGS and "nothing was changed" in str(e.value)
+
+
+def test_validate_keeps_an_engine_python_of_the_admins_own(lay, src):
+    lay.config_file.parent.mkdir(parents=True)
+    lay.config_file.write_text('[engine]\npython = "/srv/other/bin/python"\n')
+    assert validate.engine_python_override(lay, lay.venvs_dir / "a") == []
+    lay.config_file.write_text('[engine]\npython = "/opt/gptoss-spark/current/bin/python"\n')
+    assert validate.engine_python_override(lay, lay.venvs_dir / "a")[0] == "--engine-python"
+
+
+def test_why_is_the_give_up_reason_not_the_usage_text():
+    entries = [{"MESSAGE": "usage: api_server.py [-h] {CRITICAL,ERROR,WARNING}"},
+               {"MESSAGE": "api_server.py: error: unrecognized arguments: --bogus"},
+               {"EVENT": "state", "STATE": "stopping", "REASON": "engine exited with code 2 while loading: "
+                "api_server.py: error: unrecognized arguments: --bogus", "MESSAGE": "state ..."},
+               {"EVENT": "state", "STATE": "failed", "REASON": "gave up at once, the engine rejected its arguments "
+                "(exit 2): engine exited with code 2 while loading: api_server.py: error: unrecognized arguments: "
+                "--bogus", "MESSAGE": "state ..."}]
+    assert why.reason_from(entries).startswith("gave up at once, the engine rejected its arguments (exit 2)")
+    # The supervisor itself refused its arguments (an old `serve` under a new unit): no state entry.
+    assert why.reason_from([{"MESSAGE": "usage: gptoss-spark serve [-h]"},
+                            {"MESSAGE": "gptoss-spark serve: error: unrecognized arguments: --new"}]) == \
+        "gptoss-spark serve: error: unrecognized arguments: --new"
 
 
 def test_install_package_is_stdlib_only():
@@ -448,7 +624,7 @@ def test_cli_link_points_through_current_and_is_idempotent(lay):
     fake_venv(lay, "a")
     (lay.venvs_dir / "a" / "bin").mkdir()
     (lay.venvs_dir / "a" / "bin" / "gptoss-spark").write_text("#!/bin/sh\n")
-    venvs.switch_current(lay, "a")
+    versions.switch_to(lay, "a")
     assert lay.cli_link.resolve() == (lay.venvs_dir / "a" / "bin" / "gptoss-spark").resolve()
     assert lay.real(lay.cli_link) == "/usr/local/bin/gptoss-spark"
 

@@ -1,0 +1,60 @@
+"""Check a new version as far as it can be without loading a model, before the running one is touched.
+
+Run by install.sh after the new venv is built and before the switch: everything here
+runs beside the serving engine and changes nothing. A failure ends the install with
+its exit code and the old version serving, without a gap:
+- the venv imports vllm, transformers and gptoss_spark;
+- its vLLM patches verify (against this source's patch set);
+- each installed profile's full engine argv, built by the new version's code, parses
+  with the new vLLM's own parser (`gptoss-spark check --all-profiles`: the same check
+  the supervisor makes before a profile switch, argcheck.py), as the service user.
+A profile the check cannot answer for (its engine does not run on this machine, such
+as a Spark profile beside a --cpu demonstration) is named and does not refuse.
+
+Also a warm-up: the new vLLM's files are read from disk here, not after the stop.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Callable
+
+from .layout import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV, InstallError, Layout
+from .venvs import AS_SERVICE, Runner, _config_args, default_runner, has_subcommand, _quiet_runner
+
+
+def _step(ok: bool, message: str, code: int) -> None:
+    if not ok:
+        raise InstallError(message, code)
+
+
+def engine_python_override(layout: Layout, venv: Path) -> list[str]:
+    """--engine-python for the check: the new venv's python, unless the settings name an
+    interpreter of their own (outside /opt/gptoss-spark/current), which the upgrade does not change."""
+    try:
+        named = tomllib.loads(layout.config_file.read_text()).get("engine", {}).get("python", "")
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        named = ""
+    current = layout.real(layout.current)
+    if named and not named.startswith(current + "/"):
+        return []
+    return ["--engine-python", layout.real(venv / "bin" / "python")]
+
+
+def validate_version(layout: Layout, venv: Path, source: Path, *, run: Runner = default_runner,
+                     probe: Runner | None = None, log: Callable[[str], None] = print) -> None:
+    probe = probe or _quiet_runner(run)
+    py, gs = str(venv / "bin" / "python"), str(venv / "bin" / "gptoss-spark")
+    kept = "; nothing was changed, the running version still serves"
+    log(f"  checking {layout.real(venv)} before the running service is touched")
+    _step(run([py, "-c", "import vllm, transformers, gptoss_spark"]) == 0,
+          "the new environment cannot import vllm/transformers/gptoss_spark (see the error above)" + kept, EXIT_VENV)
+    pdir = source / "patches" / "vllm"
+    if pdir.is_dir() and has_subcommand(venv, "patches", probe):
+        _step(run([gs, "patches", "verify", "--venv", str(venv), "--patches-dir", str(pdir)]) == 0,
+              "the new version's vLLM patches do not verify (see above)" + kept, EXIT_PATCHES)
+    _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *_config_args(layout),
+               *engine_python_override(layout, venv)]) == 0,
+          "the new version's vLLM rejects an installed profile's engine arguments (the line above names "
+          "the profile and vLLM's reason); fix that profile or wait for a fixed version" + kept, EXIT_ARGS)
