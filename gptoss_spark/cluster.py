@@ -99,11 +99,12 @@ class JoinProbe:
 
 
 class PeerClient:
-    """The head's side: the worker's admin API."""
+    """The other node's admin API: the head orders and polls the worker; the worker watches the head."""
 
-    def __init__(self, settings: "Settings"):
+    def __init__(self, settings: "Settings", expect: str = "worker"):
         self.settings = settings
         self.base_url = settings.peer_admin_url or ""
+        self.expect = expect
         self.failures = 0
 
     def _headers(self) -> dict[str, str]:
@@ -111,20 +112,21 @@ class PeerClient:
         return {"Authorization": f"Bearer {read_token(self.settings.admin.token_file)}"}
 
     async def node(self, timeout: float) -> dict[str, Any] | str:
-        """The worker's own view (dict), or why it could not be had (str)."""
+        """The peer's own view (dict), or why it could not be had (str)."""
+        who = self.expect
         try:
             async with httpx.AsyncClient(timeout=timeout) as c:
                 r = await c.get(f"{self.base_url}/admin/cluster")
         except httpx.HTTPError as e:
-            return f"worker admin API at {self.base_url} does not answer ({type(e).__name__})"
+            return f"{who} admin API at {self.base_url} does not answer ({type(e).__name__})"
         if r.status_code != 200:
-            return f"worker admin API at {self.base_url} answered HTTP {r.status_code}: {r.text[:200]}"
+            return f"{who} admin API at {self.base_url} answered HTTP {r.status_code}: {r.text[:200]}"
         try:
             view = r.json()
         except ValueError:
-            return f"worker admin API at {self.base_url} answered no JSON"
-        if not isinstance(view, dict) or view.get("role") != "worker":
-            return f"{self.base_url} is not a cluster worker (its [cluster] role is {view.get('role')!r})" \
+            return f"{who} admin API at {self.base_url} answered no JSON"
+        if not isinstance(view, dict) or view.get("role") != who:
+            return f"{self.base_url} is not the cluster's {who} (its [cluster] role is {view.get('role')!r})" \
                 if isinstance(view, dict) else f"{self.base_url} answered something else than a node view"
         return view
 
@@ -162,6 +164,33 @@ def worker_fault(view: dict[str, Any] | str, generation: str | None, *, loading:
         return f"worker runs generation {view.get('generation')}, not {generation} (its supervisor restarted?)"
     if view.get("error"):
         return f"worker engine: {view['error']}"
+    return None
+
+
+async def check_peer(settings: "Settings", timeout: float = 5.0) -> str:
+    """`gptoss-spark check` on a cluster node: the other node's supervisor answers in the other role and
+    runs the same venv. Returns one line to print; raises RequirementError for a peer that cannot pair."""
+    from .errors import RequirementError
+
+    assert settings.cluster is not None
+    other = "worker" if settings.cluster.role == "head" else "head"
+    view = await PeerClient(settings, expect=other).node(timeout)
+    if isinstance(view, str):
+        if "is not the cluster's" in view:
+            raise RequirementError(f"{view}; set role = \"{other}\" in the other node's [cluster]")
+        return f"note: {view} (start its service; this node waits for it)"
+    if view.get("venv") != venv_name():
+        raise RequirementError(f"the {other} at {settings.peer_admin_url} runs venv {view.get('venv')}, this node "
+                               f"{venv_name()}: install the same version of gptoss-spark on both (docs/CLUSTER.md)")
+    return f"{other} at {settings.peer_admin_url} answers, same venv ({venv_name()}), state {view.get('state')}"
+
+
+def head_fault(view: dict[str, Any] | str, generation: str | None) -> str | None:
+    """The worker's side: why its rank 1 of `generation` has no head any more; None = fine."""
+    if isinstance(view, str):
+        return view
+    if view.get("generation") != generation:
+        return f"the head runs generation {view.get('generation')}, not {generation}"
     return None
 
 

@@ -163,6 +163,8 @@ class Supervisor:
         self.peer = cluster.PeerClient(settings) if self.role == "head" else None
         self.peer_view: dict[str, object] | str | None = None
         self.orders = cluster.WorkerOrders() if self.role == "worker" else None
+        # A head that is gone for good (powered off, cable out) sends no stop: the worker watches it.
+        self.head = cluster.PeerClient(settings, expect="head") if self.role == "worker" else None
         self.generation_error: str | None = None
 
     # ---- views for the admin API and CLI --------------------------------------------------
@@ -526,6 +528,8 @@ class Supervisor:
             o = self.orders.latest
             if o.run and o.generation != self.generation and o.profile:
                 self.generation, self.generation_error = o.generation, None
+                if self.head is not None:
+                    self.head.failures = 0
                 log.info("starting rank 1 on the head's order", generation=o.generation, profile=o.profile)
                 return o.profile
             if self.clock() >= next_extend:  # waiting for the head is progress too (systemd's start job)
@@ -579,6 +583,18 @@ class Supervisor:
         self.sm.to(State.STOPPING, reason, self.profile_name)
         return _Ended(reason, self._take_command())
 
+    async def _head_fault(self) -> str | None:
+        """Worker: a reason to end rank 1 when the head is unreachable or has moved to another generation."""
+        assert self.head is not None
+        view = await self.head.node(self.settings.timeouts.probe_timeout)
+        if isinstance(view, str):
+            self.head.failures += 1
+            if self.head.failures < cluster.UNREACHABLE_AFTER:
+                return None
+            return f"head unreachable {self.head.failures} times in a row: {view}"
+        self.head.failures = 0
+        return cluster.head_fault(view, self.generation)
+
     async def _worker_fault(self, *, loading: bool) -> str | None:
         """Head: poll the worker; a reason when its half of this generation is gone or unreachable."""
         assert self.peer is not None
@@ -627,6 +643,8 @@ class Supervisor:
                     extra = f"; last canary error: {last_canary_error}" if last_canary_error else ""
                     return _Ended(f"engine not ready within timeouts.load={self.settings.timeouts.load:g} s{extra}")
                 if self.peer is not None and (fault := await self._worker_fault(loading=True)):
+                    return _Ended(fault)
+                if self.head is not None and (fault := await self._head_fault()):
                     return _Ended(fault)
                 if await probe.health(self.settings.timeouts.probe_timeout):
                     last_canary_error = await probe.canary(self.settings.timeouts.canary)
@@ -677,6 +695,8 @@ class Supervisor:
                 if now >= next_probe:
                     next_probe = now + t.probe_interval
                     if self.peer is not None and (fault := await self._worker_fault(loading=False)):
+                        return _Ended(fault)
+                    if self.head is not None and (fault := await self._head_fault()):
                         return _Ended(fault)
                     if await probe.health(t.probe_timeout):
                         health_failures = 0

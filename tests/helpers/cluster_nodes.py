@@ -98,6 +98,12 @@ class Node:
             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}, stdout=self.log,
             stderr=subprocess.STDOUT, cwd=self.tmp)
 
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """`gptoss-spark ARGS --config <this node's>` inside this node's namespace."""
+        return subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-m", "gptoss_spark.cli", *args,
+                               "--config", str(self.config)], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=self.tmp)
+
     def curl(self, method: str, url: str, body: dict | None = None, token: bool = False,
              timeout: float = 120) -> tuple[int, object]:
         """(HTTP status, parsed JSON or text) of a request made inside this node's namespace; 0 = no answer."""
@@ -162,6 +168,7 @@ class Node:
                 os.killpg(pid, signal.SIGKILL)
         if self.log:
             self.log.close()
+            self.log = None
 
 
 def profile_dir(tmp: Path, extra: dict[str, str]) -> Path:

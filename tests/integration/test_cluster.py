@@ -7,7 +7,8 @@ the module (each start of both engines costs one to two minutes on two cores), w
   the head alone waits and starts nothing -> the worker comes -> both ready, the head only
   after the worker joined -> a completion runs through both ranks -> kill -9 of the worker's
   engine: both restart, in vLLM's order -> a switch that fails on the worker: rolled back on
-  both -> the worker's admin API is read-only -> SIGTERM to the head drains a running request,
+  both -> the head lost at once (kill -9 of its service and engine): the worker ends its half,
+  both come back with the head -> the worker's admin API is read-only -> SIGTERM to the head drains a running request,
   then nothing of either engine is left.
 What a CPU box cannot show: NCCL over a ConnectX-7 link and GPU memory per node (docs/CLUSTER.md).
 """
@@ -123,6 +124,21 @@ def test_a_switch_that_fails_on_the_worker_rolls_back_on_both(cluster):
     assert head.curl("POST", COMPLETION, {"model": "gptoss", "prompt": "Hi", "max_tokens": 2})[0] == 200
 
 
+def test_a_lost_head_ends_the_workers_half_and_both_come_back(cluster):
+    head, worker, _ = cluster
+    gen = head.status()["cluster"]["generation"]
+    worker_tree = worker.live_engine_processes()
+    assert worker_tree
+    head.kill()  # the head node gone at once (power, cable): its supervisor and engine, no goodbye
+    w = _wait(lambda: (s := worker.status())["state"] == "starting" and "head unreachable" in (s["last_error"] or "")
+              and s, 120, "the worker ending its half without its head", worker)
+    assert w["engine_pid"] is None and not set(worker_tree) & set(worker.live_engine_processes())
+    head.start()  # the head is back: a new generation on both
+    head.wait_ready()
+    _both_ready_on_a_new_generation(head, worker, gen)
+    assert head.curl("POST", COMPLETION, {"model": "gptoss", "prompt": "Hi", "max_tokens": 2})[0] == 200
+
+
 def test_the_worker_admin_api_is_read_only(cluster):
     head, worker, _ = cluster
     code, body = worker.admin("PUT", "/admin/profile", {"name": "demo-cluster-b"}, token=True)
@@ -133,6 +149,10 @@ def test_the_worker_admin_api_is_read_only(cluster):
     code, _ = worker.admin("POST", "/admin/cluster/order", {"generation": "0" * 12, "profile": "demo", "run": True})
     assert code == 401
     assert worker.status()["state"] == "ready"
+    # `check` on the head: the worker answers in its role and runs the same venv.
+    r = head.cli("check")
+    assert r.returncode == 0 and "cluster head: worker at http://" in r.stdout and "same venv" in r.stdout, \
+        r.stdout + r.stderr
 
 
 def test_stop_drains_and_leaves_nothing_on_either_node(cluster):
@@ -151,8 +171,9 @@ def test_stop_drains_and_leaves_nothing_on_either_node(cluster):
     code, body = result["r"]
     assert code == 200 and body["usage"]["completion_tokens"] == 300, body  # drained, not cut off
     assert head.proc.wait(60) == 0
-    _wait(lambda: not worker.live_engine_processes() or None, 60, "the worker's engine gone", worker)
-    assert worker.status()["state"] == "starting"  # waiting for the head's next order
+    # The worker's half stopped on the head's order; it waits for the next one.
+    _wait(lambda: worker.status()["state"] == "starting" and not worker.live_engine_processes(), 60,
+          "the worker's engine gone, the worker waiting", worker)
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(60) == 0
     assert head.live_engine_processes() == [] and worker.live_engine_processes() == []

@@ -157,3 +157,69 @@ def test_a_saved_profile_that_no_longer_fits_the_cluster_setting_gives_way_to_th
     with pytest.raises(Rejected) as e:  # the worker's admin API is read-only: the head drives both
         worker.request_switch("demo-cluster")
     assert e.value.code == "worker" and "http://10.0.0.1:8101" in str(e.value)
+
+
+def test_head_faults_as_the_worker_reads_them():
+    head = {"role": "head", "generation": "a" * 12}
+    assert cluster.head_fault(head, "a" * 12) is None
+    assert "runs generation aaaa" in cluster.head_fault(head, "b" * 12)
+    assert cluster.head_fault("head admin API does not answer", "a" * 12) == "head admin API does not answer"
+
+
+@pytest.fixture
+def peer_server():
+    """A stand-in for the other node's admin API: GET /admin/cluster answers `view` (set by the test)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    state = {"view": {}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(state["view"]).encode()
+            self.send_response(200 if self.path == "/admin/cluster" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], state
+    server.shutdown()
+
+
+def test_check_finds_the_peer_in_its_role_on_the_same_venv(tmp_path, peer_server):
+    import asyncio
+
+    port, state = peer_server
+    s = settings(tmp_path, {**HEAD, "peer": "127.0.0.1", "peer_admin_port": port})
+    state["view"] = {"role": "worker", "venv": cluster.venv_name(), "state": "starting"}
+    assert "same venv" in asyncio.run(cluster.check_peer(s))
+    state["view"] = {"role": "worker", "venv": "0.1.0-spark-000000000000", "state": "ready"}
+    with pytest.raises(RequirementError, match="runs venv 0.1.0-spark-000000000000.*same version"):
+        asyncio.run(cluster.check_peer(s))
+    state["view"] = {"role": "head", "venv": cluster.venv_name()}
+    with pytest.raises(RequirementError, match='role = \\\\"worker\\\\"|role = "worker"'):
+        asyncio.run(cluster.check_peer(s))
+    gone = settings(tmp_path, {**HEAD, "peer": "127.0.0.1", "peer_admin_port": 1})
+    assert asyncio.run(cluster.check_peer(gone, timeout=2)).startswith("note: worker admin API")
+
+
+def test_vllms_parser_takes_each_roles_argv(tmp_path):
+    # What `gptoss-spark check` runs on each node: vLLM's own parser on the argv the engine would get.
+    import asyncio
+
+    from gptoss_spark.argcheck import split_engine_argv, vllm_rejects
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed here")
+    for c in (HEAD, WORKER):
+        s = settings(tmp_path, c)
+        python, args = split_engine_argv(build_argv(s, load_profiles(s)["demo-cluster"]))
+        assert ("--headless" in args) == (c["role"] == "worker")
+        assert asyncio.run(vllm_rejects(python, args)) is None
