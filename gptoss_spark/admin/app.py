@@ -48,6 +48,7 @@ REJECTED_STATUS = {
     "unknown": 404,   # no such profile in the loaded set
     "invalid": 422,   # a profile file fails validation
     "unmet": 422,     # the profile's requirements (e.g. the Eagle3 head) are missing on this host
+    "worker": 409,    # a cluster worker's admin API is read-only: the head drives both nodes
 }
 
 NO_STORE = {"Cache-Control": "no-store"}
@@ -281,6 +282,13 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
             return error(404, "unknown_operation", "no such operation (ids are kept for the last 50)")
         return JSONResponse({**op.as_dict(), "poll": f"/admin/operations/{op.id}"}, headers=NO_STORE)
 
+    @app.get("/admin/cluster")
+    async def get_cluster() -> JSONResponse:
+        # This node's half of a two-node engine: what the other node's supervisor polls (cluster.py).
+        if supervisor.role is None:
+            return error(404, "not_clustered", "this node has no [cluster] setting (docs/CLUSTER.md)")
+        return JSONResponse(supervisor.node_view(), headers=NO_STORE)
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8",
@@ -335,5 +343,26 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
         audit(request, "restart", "accepted", target=op.target, op=op.id)
         watch(op, _peer(request))
         return await operation_response(request, op, wait)
+
+    @app.post("/admin/cluster/order")
+    async def cluster_order(request: Request) -> JSONResponse:
+        from ..service.cluster import OrderBody
+
+        data, _, bad = await mutation_preamble(request, "cluster order")
+        if bad is not None:
+            return bad
+        if supervisor.role != "worker":
+            audit(request, "cluster order", "rejected: not a cluster worker")
+            return error(409, "not_worker", "only a cluster worker takes orders; this node's role is "
+                                            f"{supervisor.role or 'single'}")
+        try:
+            body = OrderBody.model_validate(data)
+        except ValidationError as e:
+            message = _schema_error(e)
+            audit(request, "cluster order", f"rejected: {message}")
+            return error(422, "invalid", message)
+        supervisor.order_from_head(body.generation, body.profile, body.run)
+        audit(request, "cluster order", "accepted", generation=body.generation, target=body.profile, run=body.run)
+        return JSONResponse(supervisor.node_view(), headers=NO_STORE)
 
     return app

@@ -73,6 +73,15 @@ class ArgCheckUnavailable(Exception):
 
 def split_engine_argv(argv: list[str]) -> tuple[str, list[str]]:
     """(python, vLLM's own arguments) of an argv as engine.build_argv makes it (perhaps under taskset)."""
+    from .headless import LAUNCHER
+
+    if LAUNCHER in argv:  # a cluster worker's rank 1: the same serve arguments, --headless among them
+        i = argv.index(LAUNCHER)
+        if i < 2 or argv[i - 1] != "-c":
+            raise ValueError(f"not an engine argv (the headless launcher not run with -c): {argv}")
+        return argv[i - 2], argv[i + 1:]
+    if ENTRY not in argv:
+        raise ValueError(f"not an engine argv ({ENTRY} not in it): {argv}")
     i = argv.index(ENTRY)
     if i < 2 or argv[i - 1] != "-m":
         raise ValueError(f"not an engine argv ({ENTRY} not run with -m): {argv}")

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 
 from ..errors import ConfigError
 
@@ -114,6 +114,36 @@ class AlertSettings(_Section):
     timeout: float = Field(10.0, gt=0, le=300)
 
 
+class ClusterSettings(_Section):
+    """Two nodes, one engine (docs/CLUSTER.md): vLLM's multi-node mp executor, tensor parallel across both.
+
+    The head runs rank 0 and the OpenAI API; the worker runs rank 1 headless. Each node's
+    file names its own role and address and the other's address.
+    """
+
+    role: Literal["head", "worker"]
+    # This node's address on the cluster link, and the other node's. vLLM's master address
+    # (its TCPStore, rank 0) is always the head's.
+    address: IPvAnyAddress
+    peer: IPvAnyAddress
+    # The cluster link's interface on this node: GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
+    interface: str = Field(..., pattern=r"^[A-Za-z0-9_.:-]{1,15}$")
+    master_port: int = Field(29501, ge=1, le=65535)
+    # The peer's admin API port (the supervisors coordinate through it); 0 = the same as admin.port.
+    peer_admin_port: int = Field(0, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _two_addresses(self) -> "ClusterSettings":
+        if self.address == self.peer:
+            raise ValueError(f"cluster.address and cluster.peer are both {self.address}: "
+                             "give this node's link address and the other node's")
+        return self
+
+    @property
+    def master_addr(self) -> str:
+        return str(self.address if self.role == "head" else self.peer)
+
+
 class Settings(_Section):
     source: Path | None = Field(None, exclude=True)
     default_profile: str = "plain"
@@ -126,6 +156,7 @@ class Settings(_Section):
     wedge: WedgeSettings = WedgeSettings()
     memory: MemorySettings = MemorySettings()
     alerts: AlertSettings = AlertSettings()
+    cluster: ClusterSettings | None = None
 
     @model_validator(mode="after")
     def _ports_differ(self) -> "Settings":
@@ -142,6 +173,27 @@ class Settings(_Section):
             raise ValueError(f"engine.host {self.engine.host!r} serves the network, so engine.api_key_file is "
                              "required: set it to /etc/gptoss-spark/api.key (the installer makes it)")
         return self
+
+    @model_validator(mode="after")
+    def _cluster_reachable(self) -> "Settings":
+        # The supervisors talk over the admin API: on loopback the peer could not reach it.
+        from .api_access import is_loopback
+
+        c = self.cluster
+        if c is not None and is_loopback(self.admin.host):
+            raise ValueError(f"[cluster] is set but admin.host is {self.admin.host!r}, which the peer cannot "
+                             f"reach: set admin.host to this node's link address ({c.address})")
+        if c is not None and self.cluster.master_port in (self.engine.port, self.admin.port):
+            raise ValueError("cluster.master_port must differ from engine.port and admin.port")
+        return self
+
+    @property
+    def peer_admin_url(self) -> str | None:
+        c = self.cluster
+        if c is None:
+            return None
+        host = f"[{c.peer}]" if c.peer.version == 6 else str(c.peer)
+        return f"http://{host}:{c.peer_admin_port or self.admin.port}"
 
     # Caches live under the state dir so a restart (and a reboot) compiles nothing.
     @property

@@ -24,6 +24,7 @@ from .api_access import read_api_key
 from .config import Settings
 from .exit_reason import describe_exit
 from ..flashinfer_jit import cache as fi_cache
+from .headless import JOIN_RE, LAUNCHER
 from .logs import ENGINE_LOGGER, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
@@ -49,19 +50,47 @@ def engine_shutdown_timeout(settings: Settings) -> int:
 
 def build_argv(settings: Settings, profile: Profile) -> list[str]:
     python = settings.engine.python or sys.executable
+    cluster = settings.cluster
+    if cluster is not None and cluster.role == "worker":
+        # Rank 1 of the two-node engine: no API server (headless.py says why not api_server).
+        entry = ["-c", LAUNCHER]
+        listen: list[str] = []
+    else:
+        entry = ["-m", "vllm.entrypoints.openai.api_server"]
+        listen = ["--host", settings.engine.host, "--port", str(settings.engine.port),
+                  "--disable-access-log-for-endpoints", ",".join(PROBE_PATHS)]
     argv = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
+        python, *entry,
         "--model", str(settings.model.dir),
         "--served-model-name", settings.model.served_name,
-        "--host", settings.engine.host,
-        "--port", str(settings.engine.port),
+        *listen,
         "--shutdown-timeout", str(engine_shutdown_timeout(settings)),
-        "--disable-access-log-for-endpoints", ",".join(PROBE_PATHS),
         *profile.engine_args(settings),
+        *cluster_args(settings),
     ]
     if settings.engine.cpu_affinity:
         argv = ["taskset", "-c", ",".join(map(str, settings.engine.cpu_affinity)), *argv]
     return argv
+
+
+def cluster_args(settings: Settings) -> list[str]:
+    """This node's share of a two-node engine: vLLM's own multi-node mp executor (docs/CLUSTER.md)."""
+    c = settings.cluster
+    if c is None:
+        return []
+    rank = 0 if c.role == "head" else 1
+    return ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", c.master_addr,
+            "--master-port", str(c.master_port), *(["--headless"] if rank else [])]
+
+
+def cluster_env(settings: Settings) -> dict[str, str]:
+    """Which interface and address vLLM's ranks talk over: Gloo and NCCL bind to the link's interface;
+    VLLM_HOST_IP is the address the head's executor publishes its message queue on (else vLLM picks the
+    interface of the default route, which is not the cluster link)."""
+    c = settings.cluster
+    if c is None:
+        return {}
+    return {"GLOO_SOCKET_IFNAME": c.interface, "NCCL_SOCKET_IFNAME": c.interface, "VLLM_HOST_IP": str(c.address)}
 
 
 def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -79,6 +108,7 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
     })
     if settings.model.tiktoken_dir is not None:
         env["TIKTOKEN_ENCODINGS_BASE"] = str(settings.model.tiktoken_dir)
+    env.update(cluster_env(settings))
     key = read_api_key(settings)
     if key:
         # Through the environment, not argv: argv is world-readable in /proc.
@@ -136,6 +166,8 @@ class EngineProcess:
         self.tmpdir: Path | None = None
         self.started_at: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        # Set when vLLM logs that this rank joined the engine's distributed groups (headless.py).
+        self.joined_at: float | None = None
         self._pump: asyncio.Task[None] | None = None
 
     @property
@@ -182,6 +214,8 @@ class EngineProcess:
                 return
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
+                if self.joined_at is None and JOIN_RE.search(line):
+                    self.joined_at = time.monotonic()
                 self.tail.append(line)
                 level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
                 getattr(engine_log, level)(line, pid=pid, profile=self.profile.name)

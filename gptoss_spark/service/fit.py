@@ -2,7 +2,8 @@
 
 A --cpu install lists the Spark profiles too; without this, nothing said that they
 cannot start there. The reasons are the facts a start would trip over, all of them
-at once: no NVIDIA GPU for a CUDA profile (requires.gpu), more memory than the host
+at once: no NVIDIA GPU for a CUDA profile (requires.gpu), a cluster profile without [cluster]
+(or the other way round), more memory than the host
 has in all (memory_gib against MemTotal; what is free now is the memory guard's
 question at switch time), no checkpoint, a required path missing (the Eagle3 head).
 """
@@ -18,6 +19,10 @@ def why_not(profile: Profile, settings: Settings, total_gib: float, gpus: int | 
     reasons = []
     if profile.needs_gpu and (nvidia_gpu_count() if gpus is None else gpus) == 0:
         reasons.append(f"needs an NVIDIA GPU, none found ({NVIDIA_GPUS_DIR})")
+    if profile.needs_cluster and settings.cluster is None:
+        reasons.append("runs across two nodes; no [cluster] is set (docs/CLUSTER.md)")
+    if not profile.needs_cluster and settings.cluster is not None:
+        reasons.append("runs on one node; [cluster] is set")
     if profile.memory_gib > total_gib:
         reasons.append(f"needs {profile.memory_gib:g} GiB, the host has {total_gib:.1f} GiB in all")
     if not (settings.model.dir / "config.json").is_file():

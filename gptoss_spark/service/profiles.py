@@ -8,6 +8,7 @@
     [requires]
     paths = ["{eagle3_dir}/config.json"]  # must exist before any start
     gpu = true                            # needs an NVIDIA GPU (the Spark profiles)
+    cluster = true                        # runs across the two nodes of [cluster] (docs/CLUSTER.md)
 
 A profile may extend another (`extends = "plain"`): it then starts from that
 profile's args, env, memory_gib, required paths and gpu requirement. Its own args replace the
@@ -47,6 +48,10 @@ RESERVED_ARGS = {
     "--model": "model.dir", "--served-model-name": "model.served_name",
     "--host": "engine.host", "--port": "engine.port",
     "--shutdown-timeout": "timeouts.shutdown_grace", "--api-key": "engine.api_key_file",
+    # Two nodes: each node's share of the engine comes from [cluster] (docs/CLUSTER.md).
+    "--nnodes": "cluster (a profile with requires.cluster = true)", "--node-rank": "cluster.role",
+    "--master-addr": "cluster.address / cluster.peer", "--master-port": "cluster.master_port",
+    "--headless": "cluster.role",
 }
 
 
@@ -88,6 +93,7 @@ class _ProfileRequires(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     paths: list[str] = []
     gpu: bool | None = None  # None: the base's, or False without a base
+    cluster: bool | None = None  # likewise; true = one engine across the two nodes of [cluster]
 
 
 # The NVIDIA driver lists each GPU it drives here; visible inside the unit's sandbox too.
@@ -120,6 +126,7 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     required_paths: tuple[str, ...] = ()
     needs_gpu: bool = False
+    needs_cluster: bool = False
     extends: str | None = None  # the base profile's name, for information (already applied)
 
     def _fill(self, text: str, settings: Settings, key: str) -> str:
@@ -151,6 +158,15 @@ class Profile:
             raise RequirementError(
                 f"profile {self.name}: needs an NVIDIA GPU and this host has none ({NVIDIA_GPUS_DIR} lists none; "
                 f"{self.source}: requires.gpu); pick a CPU profile (gptoss-spark profile lists which run here)")
+        where = settings.source or "gptoss-spark.toml"
+        if self.needs_cluster and settings.cluster is None:
+            raise RequirementError(
+                f"profile {self.name}: runs across two nodes and {where} has no [cluster] section "
+                f"({self.source}: requires.cluster); pick a one-node profile or set up [cluster] (docs/CLUSTER.md)")
+        if not self.needs_cluster and settings.cluster is not None:
+            raise RequirementError(
+                f"profile {self.name}: runs on one node and {where} sets [cluster]; pick a cluster profile "
+                f"or remove [cluster] to go back to one node (docs/CLUSTER.md)")
         model_dir = settings.model.dir
         if not (model_dir / "config.json").is_file():
             raise RequirementError(
@@ -193,7 +209,7 @@ def _own_profile(src: _ProfileSource) -> Profile:
     pf = src.spec
     return Profile(name=src.name, source=src.path, description=pf.description, memory_gib=pf.memory_gib or 0.0,
                    args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths),
-                   needs_gpu=bool(pf.requires.gpu))
+                   needs_gpu=bool(pf.requires.gpu), needs_cluster=bool(pf.requires.cluster))
 
 
 def load_profile_file(path: Path) -> Profile:
@@ -288,7 +304,9 @@ def _extend(src: _ProfileSource, base: Profile) -> Profile:
     return Profile(name=src.name, source=src.path, description=pf.description,
                    memory_gib=base.memory_gib if pf.memory_gib is None else pf.memory_gib,
                    args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths,
-                   needs_gpu=base.needs_gpu if pf.requires.gpu is None else pf.requires.gpu, extends=base.name)
+                   needs_gpu=base.needs_gpu if pf.requires.gpu is None else pf.requires.gpu,
+                   needs_cluster=base.needs_cluster if pf.requires.cluster is None else pf.requires.cluster,
+                   extends=base.name)
 
 
 def unknown_profiles(names: Iterable[str], known: Iterable[str]) -> str:

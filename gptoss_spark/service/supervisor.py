@@ -23,6 +23,7 @@ from typing import Awaitable, Callable
 
 import structlog
 
+from . import cluster
 from .alerts import Alerter
 from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
@@ -136,7 +137,9 @@ class Supervisor:
         self.probe_factory = probe_factory  # (base_url, served_name, api_key) -> what /health etc. answer
         # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
         # engine (tests), which runs no vLLM argv.
-        self.engine_args_check = engine_args_check
+        self.role = settings.cluster.role if settings.cluster else None
+        # The worker's argv is the head's business (its parser runs there); the worker only follows orders.
+        self.engine_args_check = None if self.role == "worker" else engine_args_check
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -154,6 +157,15 @@ class Supervisor:
         self._current_op: Operation | None = None
         self._pending: Command | None = None
         self._wake = asyncio.Event()
+        # Two nodes (cluster.py): the generation both halves of the engine share; the head's view of
+        # the worker; the worker's orders from the head and why its half of the generation ended.
+        self.generation: str | None = None
+        self.peer = cluster.PeerClient(settings) if self.role == "head" else None
+        self.peer_view: dict[str, object] | str | None = None
+        self.orders = cluster.WorkerOrders() if self.role == "worker" else None
+        # A head that is gone for good (powered off, cable out) sends no stop: the worker watches it.
+        self.head = cluster.PeerClient(settings, expect="head") if self.role == "worker" else None
+        self.generation_error: str | None = None
 
     # ---- views for the admin API and CLI --------------------------------------------------
 
@@ -182,7 +194,32 @@ class Supervisor:
             "transitions": [
                 {"at": t.wall, "from": t.old.value, "to": t.new.value, "reason": t.reason, "profile": t.profile}
                 for t in self.sm.history],
+            "cluster": self.cluster_status(),
         }
+
+    def node_view(self) -> dict[str, object]:
+        """This node's half of the engine, as the other node's supervisor reads it (GET /admin/cluster)."""
+        engine = self.engine
+        alive = engine is not None and engine.returncode is None
+        return {"role": self.role, "address": str(self.settings.cluster.address) if self.settings.cluster else None,
+                "state": self.state.value, "profile": self.profile_name, "generation": self.generation,
+                "engine_pid": engine.pid if alive else None,
+                "joined": bool(alive and engine.joined_at is not None), "error": self.generation_error,
+                "last_error": self.last_error, "venv": cluster.venv_name()}
+
+    def cluster_status(self) -> dict[str, object] | None:
+        """Both nodes on the head (the worker as last polled), this node and its head on the worker."""
+        if self.role is None:
+            return None
+        me = self.node_view()
+        if self.role == "worker":
+            return {"role": "worker", "head": self.settings.peer_admin_url, "generation": self.generation,
+                    "nodes": [me]}
+        peer = self.peer_view
+        worker = ({"role": "worker", "address": str(self.settings.cluster.peer), "reachable": False,
+                   "error": peer} if isinstance(peer, str) or peer is None else {**peer, "reachable": True})
+        return {"role": "head", "worker": self.settings.peer_admin_url, "generation": self.generation,
+                "nodes": [me, worker]}
 
     def persisted(self) -> PersistedState:
         return self.store.load()
@@ -196,6 +233,7 @@ class Supervisor:
     def request_restart(self) -> Operation:
         """Warm restart: engine only, same profile, caches kept. Validated first: a broken profile edit
         is reported here instead of taking down a serving engine."""
+        self._refuse_on_worker("restart")
         self._ensure_idle()
         if self.profile_name is None:
             raise Rejected("state", "the engine has not been started yet")
@@ -206,6 +244,7 @@ class Supervisor:
 
     def request_switch(self, name: str) -> Operation | None:
         """Validate a switch to profile `name` and queue it. None = already active and ready (no-op)."""
+        self._refuse_on_worker("switch")
         self._ensure_idle()
         profile = self._validated_profile(name)
         if name == self.profile_name and self.state == State.READY:
@@ -219,6 +258,23 @@ class Supervisor:
         op = self._new_op(CommandKind.SWITCH, name)
         self._queue(Command(CommandKind.SWITCH, op))
         return op
+
+    def _refuse_on_worker(self, what: str) -> None:
+        if self.role == "worker":
+            raise Rejected("worker", f"this node is the cluster's worker: {what} on the head "
+                                     f"({self.settings.peer_admin_url}), which drives both nodes")
+
+    def order_from_head(self, generation: str, profile: str, run: bool) -> None:
+        """The head's order (worker only): run rank 1 of `generation` with `profile`, or stop (run=False).
+
+        An engine of another generation, or any engine when told to stop, is ended now; the next one
+        starts in _await_head_order."""
+        assert self.orders is not None
+        log.info("order from the head", generation=generation, profile=profile, run=run)
+        self.orders.give(generation, profile, run)
+        engine_alive = self.engine is not None and self.engine.returncode is None
+        if engine_alive and (not run or generation != self.generation):
+            self._queue(Command(CommandKind.RESTART))
 
     def _ensure_idle(self) -> None:
         if (self._current_op and not self._current_op.done.is_set()) or self._pending is not None:
@@ -284,9 +340,14 @@ class Supervisor:
 
     def initial_profile(self) -> str:
         saved = self.store.load().active_profile
-        if saved and saved in self.profiles:
+        clustered = self.settings.cluster is not None
+        if saved and saved in self.profiles and self.profiles[saved].needs_cluster == clustered:
             return saved
-        if saved:
+        if saved in self.profiles:
+            # [cluster] was added or removed since (docs/CLUSTER.md): the saved one cannot run any more.
+            log.warning("saved profile does not fit this node's [cluster] setting, using the default",
+                        saved=saved, default=self.settings.default_profile)
+        elif saved:
             log.warning("saved profile no longer exists, using the default", saved=saved,
                         default=self.settings.default_profile)
         if self.settings.default_profile not in self.profiles:
@@ -315,6 +376,10 @@ class Supervisor:
             if ended.reached_ready:
                 rollback_to = None
             cmd = ended.command
+            if cmd is None and self.role == "worker":
+                # The head owns restarts (cluster.py): report why this half ended and wait for its order.
+                self.last_error = self.generation_error = ended.reason
+                continue
             if cmd is None:
                 # The engine ended without being asked to.
                 self.last_error = ended.reason
@@ -394,13 +459,24 @@ class Supervisor:
         self.profile_name = name
         why = f"{op.kind.value} {op.id}" if op else "start"
         self.sm.to(State.STARTING, why, name)
+        if self.role == "worker":
+            got = await self._await_head_order()
+            if isinstance(got, _Ended):
+                return got
+            name = self.profile_name = got
+        elif self.role == "head":
+            ended = await self._await_worker(name)
+            if ended is not None:
+                return ended
+            self.generation = cluster.new_generation()
         try:
             self.profiles = load_profiles(self.settings)
             profile = self.profiles[name]
             profile.check_requirements(self.settings)
         except (RequirementError, ConfigError, KeyError) as e:
-            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else f"profile {name} vanished",
-                                            requirement=True)
+            vanished = f"profile {name} is not among this node's profiles" if self.role == "worker" \
+                else f"profile {name} vanished"
+            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else vanished, requirement=True)
         refusal = self.guard.start_refusal(profile.memory_gib)
         if refusal:
             return self._end_without_engine(f"memory guard refused start: {refusal}")
@@ -413,13 +489,14 @@ class Supervisor:
             self.sm.to(State.STOPPING, "spawn failed", name)
             return _Ended(f"could not start the engine: {e}")
         self.sm.to(State.LOADING, f"engine pid {engine.pid}", name)
-        probe = self.probe_factory(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
+        probe = cluster.JoinProbe(engine) if self.role == "worker" else \
+            self.probe_factory(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
 
         ended = await self._load(engine, probe, name)
         if ended is None:
             self.ever_ready = True
             self.engine_ready_since = self.clock()
-            self.sm.to(State.READY, f"engine pid {engine.pid} passed /health and the canary", name)
+            self.sm.to(State.READY, self._ready_reason(engine), name)
             self.notifier.ready(self._status_line())
             self.store.save(PersistedState(active_profile=name, last_good_profile=name))
             if op is not None and not op.done.is_set():
@@ -431,6 +508,106 @@ class Supervisor:
         await self._stop_engine(engine, ended, name)
         return ended
 
+    def _ready_reason(self, engine: EngineProcess) -> str:
+        if self.role == "worker":
+            return f"engine pid {engine.pid} joined the head (generation {self.generation})"
+        if self.role == "head":
+            return (f"engine pid {engine.pid} passed /health and the canary, the worker joined "
+                    f"(generation {self.generation})")
+        return f"engine pid {engine.pid} passed /health and the canary"
+
+    async def _await_head_order(self) -> str | _Ended:
+        """Worker: wait for the head's order to run a generation this node has not run yet.
+
+        Returns the profile to run, or why waiting ended (a stop)."""
+        assert self.orders is not None
+        next_extend = 0.0
+        while True:
+            if self._pending is not None:
+                return self._interrupted("waiting for the head")
+            o = self.orders.latest
+            if o.run and o.generation != self.generation and o.profile:
+                self.generation, self.generation_error = o.generation, None
+                if self.head is not None:
+                    self.head.failures = 0
+                log.info("starting rank 1 on the head's order", generation=o.generation, profile=o.profile)
+                return o.profile
+            if self.clock() >= next_extend:  # waiting for the head is progress too (systemd's start job)
+                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
+                next_extend = self.clock() + EXTEND_EVERY_SECONDS
+            self.orders.changed.clear()
+            waits = {asyncio.create_task(self.orders.changed.wait()), asyncio.create_task(self._wake.wait())}
+            try:
+                await asyncio.wait(waits, timeout=EXTEND_EVERY_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+    async def _await_worker(self, name: str) -> _Ended | None:
+        """Head: wait until the worker's supervisor answers and runs the same venv. None = go on.
+
+        Not counted as a failure while it lasts (the worker may boot later), bounded by timeouts.load."""
+        assert self.peer is not None
+        deadline = self.clock() + self.settings.timeouts.load
+        next_extend = 0.0
+        said = None
+        while True:
+            if self._pending is not None:
+                return self._interrupted("waiting for the worker")
+            view = await self.peer.node(self.settings.timeouts.probe_timeout)
+            self.peer_view = view
+            if isinstance(view, dict):
+                if view.get("venv") != cluster.venv_name():
+                    return self._end_without_engine(
+                        f"the worker runs venv {view.get('venv')}, this head {cluster.venv_name()}: install the "
+                        f"same version on both nodes (docs/CLUSTER.md)", requirement=True)
+                return None
+            if view != said:
+                log.warning("waiting for the worker", reason=view, profile=name)
+                said = view
+            now = self.clock()
+            if now >= deadline:
+                return self._end_without_engine(f"{view} for timeouts.load={self.settings.timeouts.load:g} s")
+            if now >= next_extend:
+                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
+                next_extend = now + EXTEND_EVERY_SECONDS
+            wake = asyncio.create_task(self._wake.wait())
+            try:
+                await asyncio.wait({wake}, timeout=LOAD_POLL_SECONDS)
+            finally:
+                wake.cancel()
+
+    def _interrupted(self, while_: str) -> _Ended:
+        assert self._pending is not None
+        reason = f"{self._pending.kind.value} requested while {while_}"
+        self.sm.to(State.STOPPING, reason, self.profile_name)
+        return _Ended(reason, self._take_command())
+
+    async def _head_fault(self) -> str | None:
+        """Worker: a reason to end rank 1 when the head is unreachable or has moved to another generation."""
+        assert self.head is not None
+        view = await self.head.node(self.settings.timeouts.probe_timeout)
+        if isinstance(view, str):
+            self.head.failures += 1
+            if self.head.failures < cluster.UNREACHABLE_AFTER:
+                return None
+            return f"head unreachable {self.head.failures} times in a row: {view}"
+        self.head.failures = 0
+        return cluster.head_fault(view, self.generation)
+
+    async def _worker_fault(self, *, loading: bool) -> str | None:
+        """Head: poll the worker; a reason when its half of this generation is gone or unreachable."""
+        assert self.peer is not None
+        view = await self.peer.node(self.settings.timeouts.probe_timeout)
+        self.peer_view = view
+        if isinstance(view, str):
+            self.peer.failures += 1
+            if self.peer.failures < cluster.UNREACHABLE_AFTER:
+                return None
+            return f"worker unreachable {self.peer.failures} times in a row: {view}"
+        self.peer.failures = 0
+        return cluster.worker_fault(view, self.generation, loading=loading)
+
     def _end_without_engine(self, reason: str, requirement: bool = False) -> _Ended:
         self.sm.to(State.STOPPING, reason, self.profile_name)
         return _Ended(reason, requirement=requirement)
@@ -440,6 +617,12 @@ class Supervisor:
         deadline = self.clock() + self.settings.timeouts.load
         next_extend = 0.0
         last_canary_error = None
+        if self.peer is not None:
+            # Rank 0 first (it hosts vLLM's TCPStore on master_port), then the worker's rank 1.
+            refused = await self.peer.order(self.generation or "", name, True, self.settings.timeouts.probe_timeout)
+            if refused:
+                return _Ended(refused)
+            self.peer.failures = 0
         exit_task = asyncio.create_task(engine.exited())
         try:
             while True:
@@ -459,9 +642,14 @@ class Supervisor:
                 if now >= deadline:
                     extra = f"; last canary error: {last_canary_error}" if last_canary_error else ""
                     return _Ended(f"engine not ready within timeouts.load={self.settings.timeouts.load:g} s{extra}")
+                if self.peer is not None and (fault := await self._worker_fault(loading=True)):
+                    return _Ended(fault)
+                if self.head is not None and (fault := await self._head_fault()):
+                    return _Ended(fault)
                 if await probe.health(self.settings.timeouts.probe_timeout):
                     last_canary_error = await probe.canary(self.settings.timeouts.canary)
-                    if last_canary_error is None:
+                    if last_canary_error is None and (self.peer is None
+                                                      or cluster.worker_joined(self.peer_view, self.generation)):
                         return None
                     log.warning("canary failed while loading", reason=last_canary_error, profile=name)
                 await self._sleep_or_wake(LOAD_POLL_SECONDS, exit_task)
@@ -506,6 +694,10 @@ class Supervisor:
                 now = self.clock()
                 if now >= next_probe:
                     next_probe = now + t.probe_interval
+                    if self.peer is not None and (fault := await self._worker_fault(loading=False)):
+                        return _Ended(fault)
+                    if self.head is not None and (fault := await self._head_fault()):
+                        return _Ended(fault)
                     if await probe.health(t.probe_timeout):
                         health_failures = 0
                     else:
@@ -599,6 +791,11 @@ class Supervisor:
             log.error("engine tree survived SIGKILL", reason=str(e))
             self.last_error = str(e)
         self.engine_ready_since = None
+        if self.peer is not None and self.generation is not None:
+            # The worker's rank 1 outlives rank 0 and cannot join the next engine: it goes too.
+            refused = await self.peer.order(self.generation, name, False, self.settings.timeouts.probe_timeout)
+            if refused:
+                log.warning("could not tell the worker to stop its half", reason=refused, generation=self.generation)
 
     async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int]) -> None:
         wake = asyncio.create_task(self._wake.wait())

@@ -47,7 +47,12 @@ def test_on_a_spark_the_shipped_profiles_fit(cpu_install, tmp_path):
     (tmp_path / "no-eagle3").mkdir()
     (tmp_path / "no-eagle3" / "config.json").write_text("{}")
     loaded = load_profiles(cpu_install)
-    assert all(why_not(p, cpu_install, total_gib=119.7, gpus=1) == [] for p in loaded.values())
+    assert all(why_not(p, cpu_install, total_gib=119.7, gpus=1) == [] for p in loaded.values() if not p.needs_cluster)
+    # The two-node profiles say why not on one node.
+    assert {n for n, p in loaded.items() if p.needs_cluster} == {"cluster", "demo-cluster"}
+    assert all(why_not(p, cpu_install, total_gib=119.7, gpus=1) == ["runs across two nodes; no [cluster] is set "
+                                                                      "(docs/CLUSTER.md)"]
+               for p in loaded.values() if p.needs_cluster)
 
 
 def test_a_start_without_a_gpu_is_refused_as_a_requirement(cpu_install, monkeypatch, tmp_path):
