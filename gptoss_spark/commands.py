@@ -60,7 +60,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
           f"profile {name} can start (vLLM accepts its engine arguments)")
     if settings.cluster is not None:
-        from .cluster import check_peer
+        from .service.cluster import check_peer
 
         print(f"cluster {settings.cluster.role}: {asyncio.run(check_peer(settings))}")
     return 0
