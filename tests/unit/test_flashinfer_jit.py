@@ -104,7 +104,7 @@ def test_flag_value_last_wins_in_both_spellings():
 # ---------------------------------------------------------------- parallelism, key, layout
 
 @pytest.mark.parametrize("available_gib, cores, jobs", [
-    (110, 20, 10),   # a Spark before the engine: floor((110 - 8) / 10) = 10 of 20 cores
+    (110, 20, 9),    # a Spark before the engine: floor((110 - 8) / 11) = 9 of 20 cores
     (35, 20, 2),     # the same Spark with a profile running (MemAvailable ~35 GiB)
     (300, 20, 20),   # cores bound
     (22, 2, 1),      # this dev box
@@ -115,9 +115,9 @@ def test_jobs_rule(available_gib, cores, jobs):
 
 
 def test_engine_jobs_count_what_the_profile_leaves():
-    # 119 GiB available before the engine starts, plain expects 84: floor((35 - 8) / 10) = 2
+    # 119 GiB available before the engine starts, plain expects 84: floor((35 - 8) / 11) = 2
     assert cache.engine_jobs(119 * GIB, 20, 84) == 2
-    assert cache.engine_jobs(119 * GIB, 20, 0) == 11
+    assert cache.engine_jobs(119 * GIB, 20, 0) == 10
 
 
 def test_nvcc_version_and_arch_dir():
