@@ -191,7 +191,7 @@ step build --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${BUILD_ARGS[@]}" "$
 # Files the first start needs offline (tiktoken; the demo model with --cpu).
 step assets --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
-status "Configuration in /etc/gptoss-spark (never overwritten)"
+status "Configuration in /etc/gptoss-spark (never overwritten; --role sets [cluster] in it)"
 step config --source "$SRC" "${MODE[@]}" "${DRY[@]}"
 # --role: [cluster], admin.host and default_profile, in one rename (before the unit step: 30-lan.conf).
 CLUSTER="$(step cluster --source "$SRC" "${MODE[@]}" "${ROLE_ARGS[@]}" "${DRY[@]}")"
@@ -226,6 +226,8 @@ if [ "$NO_START" = 1 ]; then
     status "Installed; not started (--no-start). Start it with: systemctl start $SERVICE"
     [ "$SWITCHED" = switched ] && systemctl is-active --quiet "$SERVICE" \
         && warn "the running service still runs the old version: systemctl restart $SERVICE"
+    [ "$CLUSTER" = changed ] && systemctl is-active --quiet "$SERVICE" \
+        && warn "the running service still runs the old [cluster] setting: systemctl restart $SERVICE"
     exit 0
 fi
 if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ] \
