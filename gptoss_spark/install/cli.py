@@ -14,7 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import dropins, locks, placement, preflight, uninstall, validate, venvs, versions, why
+from . import cluster, dropins, locks, peer, placement, preflight, uninstall, validate, venvs, versions, why
+from .checks import Check
 from .layout import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON, InstallError, Layout, layout_from_env
 
 
@@ -59,8 +60,36 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         pass  # the python check below says why
     r = preflight.run_preflight(layout, cpu=args.cpu, allow_unsupported_gpu=args.allow_unsupported_gpu,
                                 python=args.python, source=_source(args), venv_exists=exists)
+    if r.exit_code == 0:  # the peer is asked only once this host can take the install
+        r.checks.append(_peer_check(args, layout))
     _say(r.render())
     return r.exit_code
+
+
+def _flags(args: argparse.Namespace) -> cluster.RoleFlags:
+    return cluster.RoleFlags(role=args.role, head=args.head, worker=args.worker, address=args.address,
+                             interface=args.cluster_ifname, master_port=args.master_port)
+
+
+def _peer_check(args: argparse.Namespace, layout: Layout) -> Check:
+    """The other node's supervisor, when this install ends with a [cluster] (peer.py)."""
+    try:
+        c = cluster.effective(layout, _flags(args))
+    except InstallError as e:
+        return Check("peer", False, str(e), e.exit_code)
+    if c is None:
+        return Check("peer", True, "one node (no [cluster]): no peer to ask")
+    try:
+        vid = _venv_id(args)
+    except InstallError as e:
+        return Check("peer", False, str(e), e.exit_code)
+    data = cluster._read(layout.config_file)
+    admin = data.get("admin", {})
+    port = int(data.get("cluster", {}).get("peer_admin_port") or 0) or int(admin.get("port", 8101))
+    token_file = Path(admin.get("token_file", layout.real(layout.token_file)))
+    return peer.check_peer(c, peer.admin_url(c.peer, port), venv_id=vid,
+                           token=peer.read_token(layout.root / str(token_file).lstrip("/")),
+                           token_path=str(token_file))
 
 
 def cmd_venv_id(args: argparse.Namespace) -> int:
@@ -134,6 +163,44 @@ def cmd_config(args: argparse.Namespace) -> int:
     placed = placement.place_config(layout, _source(args), cpu=args.cpu, dry_run=args.dry_run)
     _say(*(p.line(layout) for p in placed))
     return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """[cluster] from the role flags into the installed config; --check: every refusal, nothing written."""
+    layout = _layout(args)
+    if args.check:
+        cluster.plan(layout, _source(args), _flags(args), cpu=args.cpu)
+        return 0
+    p = cluster.place(layout, _source(args), _flags(args), cpu=args.cpu, dry_run=args.dry_run)
+    if p is None:
+        c = cluster.installed(layout)
+        _say(f"  [cluster] kept as it is: {c.role}, peer {c.peer}" if c else "  one node (no [cluster])")
+        _answer("unchanged")
+        return 0
+    _say(p.line(layout) + ("" if p.action == "unchanged" else
+                           f" ([cluster]: {args.role}{'' if args.role == 'single' else ', see docs/CLUSTER.md'})"))
+    if p.action == "replaced":
+        _say(f"  (the config before is saved as {layout.real(layout.config_file)}.old)")
+    _answer("unchanged" if p.action == "unchanged" else "changed")
+    return 0
+
+
+def cmd_cluster_role(args: argparse.Namespace) -> int:
+    c = cluster.installed(_layout(args))
+    _answer(c.role if c else "single")
+    return 0
+
+
+def cmd_worker_up(args: argparse.Namespace) -> int:
+    """After `systemctl restart --no-block` of a worker: its supervisor answers as the worker (the
+    worker turns ready only once the head orders it to join, so install.sh does not wait for that)."""
+    layout = _layout(args)
+    data = cluster._read(layout.config_file)
+    admin = data.get("admin", {})
+    url = peer.admin_url(str(admin.get("host", "127.0.0.1")), int(admin.get("port", 8101)))
+    ok, line = peer.wait_worker_up(url, timeout=args.timeout)
+    _say(f"  {line}")
+    return 0 if ok else 1
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -328,9 +395,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         sp.set_defaults(func=func)
         return sp
 
+    def role_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--role", default=None, help="head, worker or single (default: keep the installed one)")
+        sp.add_argument("--head", default=None, help="--role worker: the head's link address")
+        sp.add_argument("--worker", default=None, help="--role head: the worker's link address")
+        sp.add_argument("--address", default=None, help="this node's link address (default: found on the peer's network)")
+        sp.add_argument("--cluster-ifname", default=None, help="this node's link interface (default: that address's)")
+        sp.add_argument("--master-port", default=None, help=f"vLLM's TCPStore port (default {cluster.DEFAULT_MASTER_PORT})")
+
     sp = step("preflight", cmd_preflight, "check the host", source=True, mode=True, python=True, dry=False)
     sp.add_argument("--allow-unsupported-gpu", action="store_true",
                     help="install the Spark stack on a host that is not a DGX Spark")
+    role_flags(sp)
     step("venv-id", cmd_venv_id, "print the id of the venv this source would build",
          source=True, mode=True, python=True, dry=False)
     step("dirs", cmd_dirs, "create /opt, /etc and /var/lib trees with owners and modes")
@@ -342,6 +418,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp = step("assets", cmd_assets, "tiktoken file (and the demo model with --cpu)", mode=True)
     sp.add_argument("--venv-id", required=True)
     step("config", cmd_config, "config and profiles, only if absent (.dist beside)", source=True, mode=True)
+    sp = step("cluster", cmd_cluster, "[cluster] from --role/--head/--worker into the installed config",
+              source=True, mode=True)
+    role_flags(sp)
+    sp.add_argument("--check", action="store_true", help="refuse bad flags as the step would, write nothing")
+    step("cluster-role", cmd_cluster_role, "print the installed [cluster] role (head, worker or single)", dry=False)
+    sp = step("worker-up", cmd_worker_up, "wait until this worker's supervisor answers on its admin API", dry=False)
+    sp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
     step("token", cmd_token, "admin token and API key, only if absent")
     sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
     sp.add_argument("--venv-id", required=True)

@@ -20,6 +20,7 @@ UNIT_NAME = "gptoss-spark.service"
 
 # Exit codes: one per way an install can fail, so scripts and tests can tell
 # them apart. 2 stays argparse's usage error.
+EXIT_USAGE = 2          # a bad option (install.sh's own, argparse's, or a --role flag): nothing was done
 EXIT_NOT_ROOT = 10
 EXIT_NO_SYSTEMD = 11
 EXIT_WRONG_ARCH = 12
@@ -41,6 +42,7 @@ EXIT_FLASHINFER = 27     # FlashInfer JIT modules did not build or link
 EXIT_LAN = 28           # engine.host/admin.host is not an address of this machine (30-lan.conf)
 EXIT_ARGS = 29          # the new version's vLLM rejects an installed profile's engine arguments (nothing changed)
 EXIT_NOT_SERVING = 30   # the service does not serve: nothing to switch back to, or that did not start either
+EXIT_PEER = 31          # the cluster's other node is not paired with this install (answers, role, venv, token)
 
 
 class InstallError(UserError):
