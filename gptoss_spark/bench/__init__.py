@@ -1,7 +1,8 @@
 """Benchmark and load test against the served OpenAI-compatible endpoint.
 
 Pure client code: httpx only, never vLLM or torch, so it runs from the
-service's venv or from a thin client venv.
+service's venv or from a thin client venv (`bench arena` also needs llama-benchy,
+the bench extra).
 
     prompts   the prompts file (shipped: gptoss_spark/data/prompts.jsonl)
     request   one streamed request -> RequestRecord (timing, usage, validity)
@@ -13,6 +14,9 @@ service's venv or from a thin client venv.
     run       one run from the command-line options (shared by bench, loadtest, ab)
     compare   `bench compare A.json B.json`
     ab        `bench ab P1 P2 ...`: switch the service to each profile, run both, switch back
+    arena     `bench arena`: the Spark Arena leaderboard's settings, judging llama-benchy's figures
+    benchy    runs llama-benchy (the pinned PyPI package) for one point, offline
+    benchy_main  llama-benchy's entry point with the API key from the environment
     render    human tables and the TTY progress line
     seed      the seed project's published Spark figures (the seed's, not ours)
     commands  CLI registration

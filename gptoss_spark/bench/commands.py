@@ -1,4 +1,4 @@
-"""CLI: `gptoss-spark bench [compare A B | ab P1 P2 ...]` and `gptoss-spark loadtest`.
+"""CLI: `gptoss-spark bench [compare A B | ab P1 P2 ... | arena]` and `gptoss-spark loadtest`.
 
 Exit codes: 0 every measured request valid (ab: and every profile measured,
 the service switched back); 1 some request invalid or a profile not measured
@@ -19,14 +19,15 @@ from ..errors import ConfigError, UserError
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
-from .render import render_ab, render_bench, render_compare, render_loadtest
+from .render import render_ab, render_arena, render_bench, render_compare, render_loadtest
 from .request import ENDPOINTS
 from .snapshot import DEFAULT_ADMIN_URL
 from .target import DEFAULT_BASE_URL, resolve_target
 
 BENCH_USAGE = """gptoss-spark bench [options]                      single stream (the seed's protocol)
        gptoss-spark bench compare A.json B.json [--json]  two results side by side
-       gptoss-spark bench ab PROFILE PROFILE [PROFILE ...] [options]  profiles of the running service"""
+       gptoss-spark bench ab PROFILE PROFILE [PROFILE ...] [options]  profiles of the running service
+       gptoss-spark bench arena [options]                the Spark Arena leaderboard's llama-benchy run"""
 
 
 def _int_at_least(minimum: int):
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(bench, max_tokens=512)
     bench.add_argument("--requests", type=_int_at_least(1), default=4, help="measured requests (default 4, as the seed)")
     bench.set_defaults(func=cmd_bench)
-    bench_sub = bench.add_subparsers(dest="bench_command", title="subcommands (optional)", metavar="{compare,ab}",
+    bench_sub = bench.add_subparsers(dest="bench_command", title="subcommands (optional)", metavar="{compare,ab,arena}",
                                      required=False)
     cmp = bench_sub.add_parser("compare", prog="gptoss-spark bench compare", help="two results side by side, with B/A ratios")
     cmp.add_argument("a", type=Path, help="result A (baseline)")
@@ -101,6 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab.add_argument("--users", type=_int_at_least(1), default=30, help="concurrent users of the load test (default 30)")
     ab.add_argument("--requests-per-user", type=_int_at_least(1), default=1, help="(default 1)")
     ab.set_defaults(func=cmd_ab)
+    _register_arena(bench_sub)
 
     load = sub.add_parser("loadtest", help="N concurrent users: aggregate tok/s, TTFT p50/p90",
                           description="All users start together; each sends its requests back to back.")
@@ -225,3 +227,74 @@ def cmd_ab(args) -> int:
                    and r["single"]["summary"]["invalid_requests"] == 0 and r["load"]["summary"]["invalid_requests"] == 0
                    for r in result["runs"].values())
     return 0 if complete and result["restored"]["ok"] else 1
+
+
+def _register_arena(bench_sub) -> None:
+    from . import arena
+
+    p = bench_sub.add_parser(
+        "arena", prog="gptoss-spark bench arena", help="the Spark Arena leaderboard's benchmark (llama-benchy), offline",
+        description=f"Runs llama-benchy with the Spark Arena leaderboard's settings ({arena.PROFILE_NAME}: "
+                    f"pp{arena.PP}, tg{arena.TG}, {arena.RUNS} runs, prefix caching, {len(arena.SCHEDULE)} "
+                    "depth x concurrency points in the profile's order, one llama-benchy process each), offline: "
+                    "the model directory's tokenizer and a corpus shipped with this package. Points that do not "
+                    "fit the served max_model_len are reported, not sent. The whole profile takes long on a Spark; "
+                    "--depth 0 --concurrency 1 measures only the leaderboard's headline point.")
+    p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
+    p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml): "
+                                    "model.dir for the tokenizer, the engine's API key")
+    p.add_argument("--api-key-file", type=Path,
+                   help="file with the engine's API key (default: engine.api_key_file of the settings, "
+                        "sent only to the engine address the settings name)")
+    p.add_argument("--model", help="served model name (default: gptoss, or the only model served)")
+    p.add_argument("--tokenizer", type=Path,
+                   help="tokenizer.json, or a model directory holding one (default: model.dir of the settings)")
+    p.add_argument("--depth", type=_int_at_least(0), nargs="+", metavar="N",
+                   help=f"context depths (default: the profile's {', '.join(map(str, arena.DEPTHS))})")
+    p.add_argument("--concurrency", type=_int_at_least(1), nargs="+", metavar="N",
+                   help=f"concurrent requests (default: the profile's {', '.join(map(str, arena.CONCURRENCY))})")
+    p.add_argument("--pp", type=_int_at_least(1), default=arena.PP, help=f"prompt tokens (default {arena.PP})")
+    p.add_argument("--tg", type=_int_at_least(2), default=arena.TG, help=f"generated tokens (default {arena.TG})")
+    p.add_argument("--runs", type=_int_at_least(1), default=arena.RUNS, help=f"runs per point (default {arena.RUNS})")
+    p.add_argument("--skip-coherence", action="store_true",
+                   help="skip llama-benchy's coherence test (it asks for the capital of France; the leaderboard runs it)")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds one point's llama-benchy may take before it counts as failed (default 3600)")
+    p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="admin API, for the active profile in the snapshot")
+    p.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
+    p.add_argument("--out", type=Path, help="also write the JSON result to this file (input for `bench compare`)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    p.set_defaults(func=cmd_arena)
+
+
+def arena_tokenizer(args) -> Path:
+    """--tokenizer, else the settings' model.dir: a tokenizer.json file, checked before anything runs."""
+    from ..service.config import load_settings, resolve_config_path
+
+    given = args.tokenizer
+    if given is None:
+        try:
+            given = load_settings(resolve_config_path(args.config), must_exist=False).model.dir
+        except ConfigError as e:
+            raise UserError(f"{e}; or pass --tokenizer with the model's tokenizer.json") from None
+    path = given / "tokenizer.json" if given.is_dir() else given
+    if not path.is_file():
+        raise UserError(f"no tokenizer at {path}; pass --tokenizer with the model's tokenizer.json "
+                        "(or the model directory holding it)")
+    return path
+
+
+def cmd_arena(args) -> int:
+    from .benchy import PINNED_VERSION, installed_version
+
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    if installed_version() is None:
+        raise UserError(f"llama-benchy is not installed in this venv ({sys.prefix}); install the pinned one: "
+                        f"pip install --no-deps llama-benchy=={PINNED_VERSION} (docs/BENCHMARK.md)")
+    tokenizer = arena_tokenizer(args)
+    target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
+    result = run.arena(args, target, tokenizer)
+    _emit(result, args, render_arena(result))
+    s = result["summary"]
+    return 0 if s["invalid_figures"] == 0 and s["points_failed"] == 0 else 1

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from .arena import RESULT_KIND_ARENA
 from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH
 
@@ -29,9 +30,18 @@ METRICS = {
         ("valid requests", ("summary", "valid_requests"), None),
         ("spec tokens per step", ("speculation", "tokens_per_step"), True),
     ],
+    RESULT_KIND_ARENA: [
+        ("decode tok/s (tg, depth 0, 1 stream)", ("summary", "decode_tok_s"), True),
+        ("prefill tok/s (pp, depth 0, 1 stream)", ("summary", "prefill_tok_s"), True),
+        ("e2e TTFT ms (depth 0, 1 stream)", ("summary", "e2e_ttft_ms"), False),
+        ("valid figures", ("summary", "valid_figures"), None),
+        ("spec tokens per step", ("speculation", "tokens_per_step"), True),
+    ],
 }
 PROTOCOL_KEYS = ("endpoint", "max_tokens", "temperature", "reasoning_effort", "ignore_eos", "prompts",
-                 "requests", "warmup", "users", "requests_per_user")
+                 "requests", "warmup", "users", "requests_per_user",
+                 # bench arena
+                 "llama_benchy", "pp", "tg", "runs", "points", "skip_coherence", "corpus")
 
 
 def load_result(path: str | Path) -> dict:

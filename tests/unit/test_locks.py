@@ -50,8 +50,17 @@ def test_shipped_locks_exist_and_are_hashed_into_the_venv_id():
 
 def test_cpu_locks_leave_out_what_the_cpu_venv_must_not_have():
     for name in ("cpu-cp311-x86_64", "test-cp311-x86_64"):
-        assert set(TARGETS[name].omit) == set(venvs.CPU_UNWANTED)
-        assert not set(read_pins(REPO / TARGETS[name].path)) & set(venvs.CPU_UNWANTED)
+        assert set(TARGETS[name].omit) == set(venvs.CPU_UNWANTED) | set(locks.UNWANTED)
+        assert not set(read_pins(REPO / TARGETS[name].path)) & set(TARGETS[name].omit)
+
+
+def test_every_lock_has_llama_benchy_without_its_asyncio_backport():
+    for t in TARGETS.values():
+        assert "asyncio" in t.omit
+        pins = read_pins(REPO / t.path)
+        assert "asyncio" not in pins
+        if t.base is None:
+            assert pins["llama-benchy"][0] == "0.4.0" and "tabulate" in pins  # tabulate: llama-benchy's table
 
 
 def test_locks_pin_the_engine_and_its_torch():
