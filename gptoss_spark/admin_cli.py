@@ -24,21 +24,22 @@ import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
 from .errors import UserError
+from .exit_codes import EXIT_FAILED, EXIT_NOPERM, EXIT_UNAVAILABLE
 
 REQUEST_TIMEOUT = 10.0
 POLL_SECONDS = 1.0
 
 
 class ServiceDown(UserError):
-    exit_code = 69  # EX_UNAVAILABLE
+    exit_code = EXIT_UNAVAILABLE
 
 
 class TokenUnreadable(UserError):
-    exit_code = 77  # EX_NOPERM
+    exit_code = EXIT_NOPERM
 
 
 class ApiError(UserError):
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 def register(sub: argparse._SubParsersAction) -> None:

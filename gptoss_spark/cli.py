@@ -13,6 +13,7 @@ import sys
 
 from . import __version__
 from .errors import UserError
+from .exit_codes import EXIT_INTERRUPTED
 
 COMMAND_MODULES = (
     "gptoss_spark.commands",
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptoss-spark: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

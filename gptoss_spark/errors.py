@@ -1,10 +1,12 @@
 """Errors a user can cause. Each renders as one line: what is wrong and how to fix it."""
 
+from .exit_codes import EXIT_REQUIREMENT, EXIT_USAGE
+
 
 class UserError(Exception):
     """A problem the user can fix; the CLI prints str(err) and exits non-zero, no traceback."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class ConfigError(UserError):
@@ -22,4 +24,4 @@ class ConfigError(UserError):
 class RequirementError(UserError):
     """A profile's declared requirement is not met on this host (e.g. the Eagle3 head is missing)."""
 
-    exit_code = 3
+    exit_code = EXIT_REQUIREMENT

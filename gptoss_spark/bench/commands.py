@@ -2,8 +2,8 @@
 
 Exit codes: 0 every measured request valid (ab: and every profile measured,
 the service switched back); 1 some request invalid or a profile not measured
-(the result still prints, with each reason); 2 bad input; 3 endpoint
-unreachable; 69 admin API not answering, 77 admin token unreadable (ab);
+(the result still prints, with each reason); 2 bad input; 69 endpoint
+unreachable or admin API not answering, 77 admin token unreadable (ab);
 130 interrupted (ab: after switching back).
 """
 
@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
+from ..exit_codes import EXIT_INTERRUPTED
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
@@ -222,7 +223,7 @@ def cmd_ab(args) -> int:
     result = ab_result(names, original, outcome, settings_used, started)
     _emit(result, args, render_ab(result))
     if result["interrupted"]:
-        return 130
+        return EXIT_INTERRUPTED
     complete = all(r["switch"] and r["switch"]["ok"] and r["error"] is None and r["single"] and r["load"]
                    and r["single"]["summary"]["invalid_requests"] == 0 and r["load"]["summary"]["invalid_requests"] == 0
                    for r in result["runs"].values())

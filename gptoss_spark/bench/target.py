@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..errors import UserError
+from ..exit_codes import EXIT_UNAVAILABLE
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8100"
 DEFAULT_MODEL = "gptoss"
@@ -15,7 +16,7 @@ DEFAULT_MODEL = "gptoss"
 class ServerUnreachable(UserError):
     """The endpoint does not answer: the service is down or the URL is wrong."""
 
-    exit_code = 3
+    exit_code = EXIT_UNAVAILABLE
 
 
 @dataclass(frozen=True)

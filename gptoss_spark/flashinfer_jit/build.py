@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 from ..service.config import Settings
 from ..errors import UserError
-from ..install.layout import EXIT_FLASHINFER
+from ..exit_codes import EXIT_FLASHINFER
 from ..service.memory import ProcMemorySource
 from ..service.profiles import Profile, load_profiles, unknown_profiles
 from . import cache

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..errors import UserError
+from ..exit_codes import EXIT_INTERRUPTED
 from .cli import register
 
 
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptoss-spark install: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

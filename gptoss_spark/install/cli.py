@@ -16,7 +16,8 @@ from pathlib import Path
 
 from . import cluster, dropins, locks, peer, placement, preflight, uninstall, validate, venvs, versions, why
 from .checks import Check
-from .layout import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON, InstallError, Layout, layout_from_env
+from ..exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
+from .layout import InstallError, Layout, layout_from_env
 
 
 def _say(*lines: str) -> None:

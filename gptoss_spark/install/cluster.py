@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .layout import EXIT_LAN, EXIT_USAGE, InstallError, Layout
+from ..exit_codes import EXIT_LAN, EXIT_USAGE
+from .layout import InstallError, Layout
 from .placement import Placed, _toml_value, _write_atomic, render_config, set_toml_keys
 
 ROLES = ("head", "worker", "single")

@@ -18,32 +18,6 @@ from ..errors import UserError
 SERVICE = "gptoss-spark"
 UNIT_NAME = "gptoss-spark.service"
 
-# Exit codes: one per way an install can fail, so scripts and tests can tell
-# them apart. 2 stays argparse's usage error.
-EXIT_USAGE = 2          # a bad option (install.sh's own, argparse's, or a --role flag): nothing was done
-EXIT_NOT_ROOT = 10
-EXIT_NO_SYSTEMD = 11
-EXIT_WRONG_ARCH = 12
-EXIT_NO_GPU = 13
-EXIT_WRONG_GPU = 14
-EXIT_PYTHON = 15
-EXIT_DISK = 16
-EXIT_BUSY = 17          # another install.sh holds the lock
-EXIT_DRIVER = 18        # NVIDIA driver older than the CUDA 13 torch needs
-EXIT_TOOLKIT = 19       # CUDA 13 toolkit (nvcc, headers, libraries) or g++ missing for FlashInfer's build
-EXIT_VENV = 20          # building the new environment (venv, pip) failed
-EXIT_PATCHES = 21       # vLLM patches did not apply or verify
-EXIT_KERNELS = 22       # ahead-of-time kernel build failed
-EXIT_ASSETS = 23        # tiktoken file / demo model could not be prepared
-EXIT_START = 24         # the new version did not become ready; switched back, the previous one serves again
-EXIT_NO_PREVIOUS = 25   # --rollback with no previous install to go back to
-EXIT_NOT_INSTALLED = 26
-EXIT_FLASHINFER = 27     # FlashInfer JIT modules did not build or link
-EXIT_LAN = 28           # engine.host/admin.host is not an address of this machine (30-lan.conf)
-EXIT_ARGS = 29          # the new version's vLLM rejects an installed profile's engine arguments (nothing changed)
-EXIT_NOT_SERVING = 30   # the service does not serve: nothing to switch back to, or that did not start either
-EXIT_PEER = 31          # the cluster's other node is not paired with this install (answers, role, venv, token)
-
 
 class InstallError(UserError):
     """A failed install step: one line saying what and how to fix, and its own exit code."""

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..exit_codes import (EXIT_PATCH_APPLY, EXIT_PATCH_DRIFT, EXIT_PATCH_INPUT, EXIT_PATCH_NOT_APPLIED,
+                          EXIT_PATCH_SET, EXIT_PATCH_TAMPERED, EXIT_PATCH_VERSION)
 from ..fsutil import write_atomic
 
 MANIFEST_NAME = "gptoss-spark-patches.json"
@@ -44,37 +46,37 @@ ENV_PATCHES_DIR = "GPTOSS_SPARK_PATCHES_DIR"
 
 class PatchInputError(UserError):
     """The venv, its vLLM or the patch directory is not where/what it should be."""
-    exit_code = 20
+    exit_code = EXIT_PATCH_INPUT
 
 
 class VersionMismatchError(UserError):
     """The venv holds a vLLM other than the one the patches were made for."""
-    exit_code = 21
+    exit_code = EXIT_PATCH_VERSION
 
 
 class DriftError(UserError):
     """A target file is neither the pinned original nor our patched result: nothing written."""
-    exit_code = 22
+    exit_code = EXIT_PATCH_DRIFT
 
 
 class PatchSetError(UserError):
     """The patch set itself is broken (a patch does not apply or gives the wrong result)."""
-    exit_code = 23
+    exit_code = EXIT_PATCH_SET
 
 
 class ApplyFailedError(UserError):
     """Writing failed part-way; every file already written was restored."""
-    exit_code = 24
+    exit_code = EXIT_PATCH_APPLY
 
 
 class NotPatchedError(UserError):
     """verify: the venv's vLLM is the pristine, unpatched release."""
-    exit_code = 25
+    exit_code = EXIT_PATCH_NOT_APPLIED
 
 
 class TamperedError(UserError):
     """verify: a patched file changed afterwards, or the manifest does not match."""
-    exit_code = 26
+    exit_code = EXIT_PATCH_TAMPERED
 
 
 # ---- the patch set ----

@@ -24,7 +24,7 @@ from typing import Callable
 
 from .checks import Check
 from .cluster import Cluster
-from .layout import EXIT_PEER
+from ..exit_codes import EXIT_PEER
 TIMEOUT_S = 3.0
 # Proxies from the environment must not see the cluster link (or the token).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -22,8 +22,8 @@ from typing import Callable
 
 from . import toolkit
 from .checks import Check, PreflightResult
-from .layout import (EXIT_DISK, EXIT_NO_GPU, EXIT_NO_SYSTEMD, EXIT_NOT_ROOT, EXIT_PYTHON, EXIT_WRONG_ARCH,
-                     EXIT_WRONG_GPU, Layout)
+from ..exit_codes import EXIT_DISK, EXIT_NOT_ROOT, EXIT_NO_GPU, EXIT_NO_SYSTEMD, EXIT_PYTHON, EXIT_WRONG_ARCH, EXIT_WRONG_GPU
+from .layout import Layout
 
 SPARK_ARCH = "aarch64"
 SPARK_COMPUTE_CAP = "12.1"

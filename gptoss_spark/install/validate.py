@@ -20,7 +20,8 @@ import tomllib
 from pathlib import Path
 from typing import Callable
 
-from .layout import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV, InstallError, Layout
+from ..exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
+from .layout import InstallError, Layout
 from .venvs import AS_SERVICE, Runner, _config_args, default_runner, has_subcommand, _quiet_runner
 
 

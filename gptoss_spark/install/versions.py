@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import dropins, placement
-from .layout import EXIT_NO_PREVIOUS, EXIT_VENV, UNIT_NAME, InstallError, Layout
+from ..exit_codes import EXIT_NO_PREVIOUS, EXIT_VENV
+from .layout import UNIT_NAME, InstallError, Layout
 from .placement import Placed
 from .venvs import _atomic_symlink, is_complete, prune, read_link_id
 

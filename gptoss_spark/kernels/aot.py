@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..exit_codes import EXIT_TOOLKIT
 from .variants import MODEL_SHAPES, MoeShape, token_counts
 
 
 class ToolchainError(UserError):
-    exit_code = 4
+    exit_code = EXIT_TOOLKIT
 
 
 def parse_arch(arch: str) -> tuple[int, int, bool]:

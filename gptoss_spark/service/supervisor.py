@@ -31,6 +31,7 @@ from .api_access import read_api_key
 from .engine import EngineProcess
 from .exit_reason import failure_signature
 from ..errors import ConfigError, RequirementError
+from ..exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .profiles import Profile, load_profiles, unknown_profiles
@@ -40,13 +41,9 @@ from .systemd import Notifier, watchdog_interval
 
 log = structlog.get_logger("gptoss_spark.service.supervisor")
 
-# Exit codes of `gptoss-spark serve`; the unit's RestartPreventExitStatus lists 2-4.
-EXIT_OK = 0
-EXIT_CONFIG = 2        # bad settings / profile file
-EXIT_REQUIREMENT = 3   # e.g. no checkpoint: restarting will not help
-EXIT_GAVE_UP = 4       # the engine never became ready: it crashed max_crashes times, or in a way retries cannot fix
-# An engine that exits 2 has had its arguments rejected (argparse: vLLM's usage error): a retry fails the same.
-EXIT_ENGINE_USAGE = 2
+# `gptoss-spark serve` exits EXIT_OK, EXIT_USAGE (bad settings or profile file), EXIT_REQUIREMENT
+# or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three.
+# An engine that exits EXIT_USAGE has had its arguments rejected (argparse: vLLM's usage error): a retry fails the same.
 
 LOAD_POLL_SECONDS = 1.0
 EXTEND_EVERY_SECONDS = 10.0
@@ -442,7 +439,7 @@ class Supervisor:
         row. Crashes after ready, load timeouts, health and memory failures keep the backoff."""
         if ended.exit_code is None or ended.reached_ready:
             return None, last_exit
-        if ended.exit_code == EXIT_ENGINE_USAGE:
+        if ended.exit_code == EXIT_USAGE:
             return "the engine rejected its arguments (exit 2)", None
         sig = failure_signature(ended.reason)
         return ("the engine failed the same way twice in a row" if sig == last_exit else None), sig

@@ -11,6 +11,7 @@ from gptoss_spark.bench.render import render_bench, render_compare, render_loadt
 from gptoss_spark.bench.request import RequestRecord, RequestSpec
 from gptoss_spark.bench.single import bench_result
 from gptoss_spark.bench.target import Target
+from gptoss_spark.exit_codes import EXIT_UNAVAILABLE
 from gptoss_spark.cli import main
 from gptoss_spark.errors import UserError
 
@@ -105,8 +106,8 @@ def test_compare_cli_and_its_errors(tmp_path, capsys):
         load_result(tmp_path / "missing.json")
 
 
-def test_server_down_is_one_line_and_exit_3(capsys):
-    assert main(["bench", "--url", "http://127.0.0.1:9", "--no-progress"]) == 3
+def test_server_down_is_one_line_and_exit_unavailable(capsys):
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--no-progress"]) == EXIT_UNAVAILABLE
     err = capsys.readouterr().err.strip()
     assert "cannot reach http://127.0.0.1:9" in err and "systemctl status gptoss-spark" in err and "\n" not in err
 

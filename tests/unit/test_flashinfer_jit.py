@@ -20,7 +20,8 @@ from gptoss_spark.flashinfer_jit import cache
 from gptoss_spark.flashinfer_jit.modules import (FP4_QUANT_120F, FP4_QUANT_121, FUSED_MOE, SAMPLING, derive,
                                                  flag_value)
 from gptoss_spark.install import venvs
-from gptoss_spark.install.layout import EXIT_FLASHINFER, InstallError, Layout
+from gptoss_spark.exit_codes import EXIT_FLASHINFER
+from gptoss_spark.install.layout import InstallError, Layout
 from gptoss_spark.service.profiles import load_profile_file
 
 REPO = Path(__file__).resolve().parents[2]

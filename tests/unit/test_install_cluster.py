@@ -18,7 +18,8 @@ from gptoss_spark.install import cluster, peer, placement
 from gptoss_spark.install.__main__ import main
 from gptoss_spark.install.checks import Check
 from gptoss_spark.install.cluster import Cluster, RoleFlags
-from gptoss_spark.install.layout import EXIT_LAN, InstallError, Layout
+from gptoss_spark.exit_codes import EXIT_LAN, EXIT_PEER
+from gptoss_spark.install.layout import InstallError, Layout
 
 REPO = Path(__file__).resolve().parents[2]
 # `ip -json addr` of a worker: loopback, the LAN, and the cluster link.
@@ -248,7 +249,7 @@ def test_the_head_pairs_with_a_worker_on_the_same_venv_and_token(admin_node):
 
 def test_the_head_refuses_a_worker_on_another_venv(admin_node):
     c = check(HEAD_NODE, admin_node("worker"), venv="0.2.0-spark-111111111111")
-    assert not c.ok and c.exit_code == peer.EXIT_PEER
+    assert not c.ok and c.exit_code == EXIT_PEER
     assert f"runs venv {here_venv()}, this install builds 0.2.0-spark-111111111111" in c.message
 
 
@@ -258,7 +259,7 @@ def test_the_head_refuses_a_worker_on_another_venv(admin_node):
 ])
 def test_the_head_refuses_a_worker_with_another_token(admin_node, token, words):
     c = check(HEAD_NODE, admin_node("worker"), token=token)
-    assert not c.ok and c.exit_code == peer.EXIT_PEER and all(w in c.message for w in words), c.message
+    assert not c.ok and c.exit_code == EXIT_PEER and all(w in c.message for w in words), c.message
 
 
 def test_two_nodes_in_one_role_and_a_node_without_cluster(admin_node):
@@ -290,7 +291,7 @@ def silent_port():
 def test_a_peer_that_does_not_answer_fails_the_head_and_is_a_note_on_the_worker(silent_port):
     url = f"http://127.0.0.1:{silent_port}"
     h = peer.check_peer(HEAD_NODE, url, venv_id="v", token=TOKEN, token_path="/t", timeout=0.3)
-    assert not h.ok and h.exit_code == peer.EXIT_PEER
+    assert not h.ok and h.exit_code == EXIT_PEER
     assert "does not answer within 0.3 s" in h.message and "install the worker first" in h.message
     assert "sudo ./install.sh --role worker --head 10.100.0.1" in h.message
     w = peer.check_peer(WORKER_NODE, url, venv_id="v", token=None, token_path="/t", timeout=0.3)

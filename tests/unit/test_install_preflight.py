@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.install import layout as L
+from gptoss_spark import exit_codes as codes
 from gptoss_spark.install.layout import Layout
 from gptoss_spark.install.preflight import Probes, parse_gpus, run_preflight
 from gptoss_spark.install.toolkit import REQUIRED_HEADERS, REQUIRED_LIBS, parse_nvcc_release
@@ -61,29 +61,29 @@ def test_missing_checkpoint_warns_but_passes(tmp_path):
 
 
 @pytest.mark.parametrize("kw,code", [
-    (dict(euid=lambda: 1000), L.EXIT_NOT_ROOT),
-    (dict(systemd_booted=lambda: False), L.EXIT_NO_SYSTEMD),
-    (dict(which=lambda n: None), L.EXIT_NO_SYSTEMD),
-    (dict(machine=lambda: "x86_64"), L.EXIT_WRONG_ARCH),
-    (dict(nvidia_smi=lambda: (_ for _ in ()).throw(FileNotFoundError("nvidia-smi"))), L.EXIT_NO_GPU),
+    (dict(euid=lambda: 1000), codes.EXIT_NOT_ROOT),
+    (dict(systemd_booted=lambda: False), codes.EXIT_NO_SYSTEMD),
+    (dict(which=lambda n: None), codes.EXIT_NO_SYSTEMD),
+    (dict(machine=lambda: "x86_64"), codes.EXIT_WRONG_ARCH),
+    (dict(nvidia_smi=lambda: (_ for _ in ()).throw(FileNotFoundError("nvidia-smi"))), codes.EXIT_NO_GPU),
     (dict(nvidia_smi=lambda: (9, "NVIDIA-SMI has failed because it couldn't communicate with the driver")),
-     L.EXIT_NO_GPU),
-    (dict(nvidia_smi=lambda: (0, "NVIDIA H100 80GB HBM3, 9.0, 570.1\n")), L.EXIT_WRONG_GPU),
-    (dict(nvidia_smi=lambda: (0, "NVIDIA GeForce RTX 5090, 12.0, 580.1\n")), L.EXIT_WRONG_GPU),
-    (dict(python_facts=lambda py: ((3, 10, 12), True)), L.EXIT_PYTHON),
-    (dict(python_facts=lambda py: ((3, 12, 3), False)), L.EXIT_PYTHON),
-    (dict(python_facts=lambda py: None), L.EXIT_PYTHON),
-    (dict(free_bytes=lambda p: (5 * GIB, 1)), L.EXIT_DISK),
-    (dict(nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, 575.57.08\n")), L.EXIT_DRIVER),
-    (dict(nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, [N/A]\n")), L.EXIT_DRIVER),
-    (dict(nvcc_version=nvcc_raises(FileNotFoundError("nvcc"))), L.EXIT_TOOLKIT),
-    (dict(nvcc_version=nvcc_raises(subprocess.TimeoutExpired("nvcc", 60))), L.EXIT_TOOLKIT),
-    (dict(nvcc_version=lambda p: (1, "nvcc fatal: something")), L.EXIT_TOOLKIT),
-    (dict(nvcc_version=lambda p: (0, "Cuda compilation tools, release 12.8, V12.8.93\n")), L.EXIT_TOOLKIT),
-    (dict(nvcc_version=lambda p: (0, "Cuda compilation tools, release 14.0, V14.0.1\n")), L.EXIT_TOOLKIT),
-    (dict(nvcc_version=lambda p: (0, "no version here\n")), L.EXIT_TOOLKIT),
-    (dict(is_file=lambda p: not str(p).endswith("cublasLt.h")), L.EXIT_TOOLKIT),
-    (dict(which=lambda n: None if n == "g++" else f"/usr/bin/{n}"), L.EXIT_TOOLKIT),
+     codes.EXIT_NO_GPU),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA H100 80GB HBM3, 9.0, 570.1\n")), codes.EXIT_WRONG_GPU),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA GeForce RTX 5090, 12.0, 580.1\n")), codes.EXIT_WRONG_GPU),
+    (dict(python_facts=lambda py: ((3, 10, 12), True)), codes.EXIT_PYTHON),
+    (dict(python_facts=lambda py: ((3, 12, 3), False)), codes.EXIT_PYTHON),
+    (dict(python_facts=lambda py: None), codes.EXIT_PYTHON),
+    (dict(free_bytes=lambda p: (5 * GIB, 1)), codes.EXIT_DISK),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, 575.57.08\n")), codes.EXIT_DRIVER),
+    (dict(nvidia_smi=lambda: (0, "NVIDIA GB10, 12.1, [N/A]\n")), codes.EXIT_DRIVER),
+    (dict(nvcc_version=nvcc_raises(FileNotFoundError("nvcc"))), codes.EXIT_TOOLKIT),
+    (dict(nvcc_version=nvcc_raises(subprocess.TimeoutExpired("nvcc", 60))), codes.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (1, "nvcc fatal: something")), codes.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (0, "Cuda compilation tools, release 12.8, V12.8.93\n")), codes.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (0, "Cuda compilation tools, release 14.0, V14.0.1\n")), codes.EXIT_TOOLKIT),
+    (dict(nvcc_version=lambda p: (0, "no version here\n")), codes.EXIT_TOOLKIT),
+    (dict(is_file=lambda p: not str(p).endswith("cublasLt.h")), codes.EXIT_TOOLKIT),
+    (dict(which=lambda n: None if n == "g++" else f"/usr/bin/{n}"), codes.EXIT_TOOLKIT),
 ])
 def test_each_failure_has_its_own_exit_code_and_one_line(tmp_path, kw, code):
     r = pf(tmp_path, **kw)
@@ -92,20 +92,15 @@ def test_each_failure_has_its_own_exit_code_and_one_line(tmp_path, kw, code):
     assert failed and "\n" not in failed[0].message
 
 
-def test_codes_are_distinct():
-    codes = [v for k, v in vars(L).items() if k.startswith("EXIT_")]
-    assert len(codes) == len(set(codes))
-
-
 def test_nvidia_smi_timeout_is_a_gpu_failure(tmp_path):
     def hang():
         raise subprocess.TimeoutExpired("nvidia-smi", 60)
-    assert pf(tmp_path, nvidia_smi=hang).exit_code == L.EXIT_NO_GPU
+    assert pf(tmp_path, nvidia_smi=hang).exit_code == codes.EXIT_NO_GPU
 
 
 def test_first_failure_decides(tmp_path):
     r = pf(tmp_path, euid=lambda: 1000, free_bytes=lambda p: (1, 1))
-    assert r.exit_code == L.EXIT_NOT_ROOT
+    assert r.exit_code == codes.EXIT_NOT_ROOT
     assert sum(not c.ok for c in r.checks) == 2  # but every problem is reported
 
 
@@ -117,7 +112,7 @@ def test_override_accepts_other_gpu_with_a_warning(tmp_path):
 
 def test_override_still_needs_a_gpu(tmp_path):
     r = pf(tmp_path, allow=True, nvidia_smi=lambda: (_ for _ in ()).throw(FileNotFoundError()))
-    assert r.exit_code == L.EXIT_NO_GPU
+    assert r.exit_code == codes.EXIT_NO_GPU
 
 
 def test_cpu_mode_skips_gpu_and_arch(tmp_path):
@@ -129,7 +124,7 @@ def test_cpu_mode_skips_gpu_and_arch(tmp_path):
 
 def test_cpu_mode_needs_less_disk(tmp_path):
     assert pf(tmp_path, cpu=True, free_bytes=lambda p: (12 * GIB, 1)).exit_code == 0
-    assert pf(tmp_path, free_bytes=lambda p: (12 * GIB, 1)).exit_code == L.EXIT_DISK
+    assert pf(tmp_path, free_bytes=lambda p: (12 * GIB, 1)).exit_code == codes.EXIT_DISK
 
 
 def test_rerun_with_venv_present_needs_no_venv_space(tmp_path):
@@ -139,7 +134,7 @@ def test_rerun_with_venv_present_needs_no_venv_space(tmp_path):
 def test_disk_on_separate_filesystems(tmp_path):
     devs = {"opt": (21 * GIB, 1), "var": (1 * GIB, 2)}
     r = pf(tmp_path, free_bytes=lambda p: devs["opt" if "opt" in str(p) else "var"])
-    assert r.exit_code == L.EXIT_DISK and "/var/lib/gptoss-spark" in r.render()
+    assert r.exit_code == codes.EXIT_DISK and "/var/lib/gptoss-spark" in r.render()
 
 
 def test_interpreter_under_private_home_is_refused(tmp_path):
@@ -147,7 +142,7 @@ def test_interpreter_under_private_home_is_refused(tmp_path):
         return stat.S_IFDIR | (0o700 if str(p) == "/root" else 0o755)
     r = run_preflight(Layout(root=tmp_path), cpu=True, allow_unsupported_gpu=False,
                       python="/root/.pyenv/versions/3.11.7/bin/python3", probes=probes(mode_of=mode_of))
-    assert r.exit_code == L.EXIT_PYTHON and "/root" in r.render()
+    assert r.exit_code == codes.EXIT_PYTHON and "/root" in r.render()
 
 
 def test_checkpoint_found(tmp_path):
@@ -179,7 +174,7 @@ def test_spark_checks_driver_toolkit_and_compiler(tmp_path):
 @pytest.mark.parametrize("missing", [*REQUIRED_HEADERS, *REQUIRED_LIBS])
 def test_each_missing_toolkit_file_is_named_with_the_package_to_install(tmp_path, missing):
     r = pf(tmp_path, is_file=lambda p: not str(p).endswith("/" + missing))
-    assert r.exit_code == L.EXIT_TOOLKIT
+    assert r.exit_code == codes.EXIT_TOOLKIT
     msg = next(c.message for c in r.checks if not c.ok)
     assert missing in msg and "apt install cuda-toolkit-13-0" in msg and "\n" not in msg
 
@@ -219,13 +214,13 @@ def test_toolkit_missing_names_where_it_looked(tmp_path):
 
 def test_wrong_arch_skips_the_toolkit(tmp_path):
     r = pf(tmp_path, machine=lambda: "x86_64", nvcc_version=nvcc_raises(AssertionError("must not run nvcc")))
-    assert r.exit_code == L.EXIT_WRONG_ARCH
+    assert r.exit_code == codes.EXIT_WRONG_ARCH
     assert "cuda toolkit" not in [c.name for c in r.checks]
 
 
 def test_unsupported_gpu_override_still_checks_driver_and_toolkit(tmp_path):
     r = pf(tmp_path, allow=True, machine=lambda: "x86_64", nvidia_smi=lambda: (0, "NVIDIA H200, 9.0, 570.1\n"))
-    assert r.exit_code == L.EXIT_DRIVER
+    assert r.exit_code == codes.EXIT_DRIVER
     assert "cuda toolkit" in [c.name for c in r.checks]
 
 

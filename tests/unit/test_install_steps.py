@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.install import locks, placement, uninstall, validate, venvs, versions, why
-from gptoss_spark.install import layout as L
+from gptoss_spark import exit_codes as codes
 from gptoss_spark.install.layout import InstallError, Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,7 +160,7 @@ def test_failed_locked_step_removes_the_new_venv(lay, src, fail_on):
     p = locked_plan(lay, src)
     with pytest.raises(InstallError) as e:
         venvs.build_venv(p, run=FakeRunner(fail_on=fail_on), log=lambda s: None)
-    assert e.value.exit_code == L.EXIT_VENV and "\n" not in str(e.value)
+    assert e.value.exit_code == codes.EXIT_VENV and "\n" not in str(e.value)
     assert not p.venv.exists()
 
 
@@ -191,8 +191,8 @@ def test_missing_patch_command_is_a_hook_point(lay, src):
     assert any("patches" in s and "skipped" in s for s in logs)
 
 
-@pytest.mark.parametrize("fail_on,code", [("pip install", L.EXIT_VENV), ("patches apply", L.EXIT_PATCHES),
-                                          ("patches verify", L.EXIT_PATCHES), ("kernels build", L.EXIT_KERNELS)])
+@pytest.mark.parametrize("fail_on,code", [("pip install", codes.EXIT_VENV), ("patches apply", codes.EXIT_PATCHES),
+                                          ("patches verify", codes.EXIT_PATCHES), ("kernels build", codes.EXIT_KERNELS)])
 def test_failed_step_removes_the_new_venv_and_leaves_current(lay, src, fail_on, code):
     good = plan(lay, src, "spark")
     venvs.build_venv(good, run=FakeRunner(has=("patches", "kernels")), log=lambda s: None)
@@ -271,7 +271,7 @@ def test_rollback_goes_to_the_last_version_that_served(lay):
     served(lay, "a")
     with pytest.raises(InstallError) as e:
         versions.rollback(lay)
-    assert e.value.exit_code == L.EXIT_NO_PREVIOUS
+    assert e.value.exit_code == codes.EXIT_NO_PREVIOUS
     fake_venv(lay, "b")
     served(lay, "b")
     lines = []
@@ -549,7 +549,7 @@ def test_cli_answers_on_stdout(lay, src):
     r = run_cli(lay, "unit", "--source", str(src), "--venv-id", "a")   # a unit-only change of the current version
     assert r.stdout.strip() == "changed" and ".old" not in r.stderr
     r = run_cli(lay, "rollback")
-    assert r.returncode == L.EXIT_NO_PREVIOUS and "no previous version that served" in r.stderr
+    assert r.returncode == codes.EXIT_NO_PREVIOUS and "no previous version that served" in r.stderr
     assert run_cli(lay, "served", "--keep", "b").returncode == 0
     run_cli(lay, "unit", "--source", str(src), "--venv-id", "b")
     assert run_cli(lay, "switch", "b").stdout.strip() == "switched"
@@ -576,7 +576,7 @@ def test_validate_refuses_with_its_exit_code(lay, src):
     with pytest.raises(InstallError) as e:
         validate.validate_version(lay, lay.venvs_dir / "a", src,
                                   run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
-    assert e.value.exit_code == L.EXIT_ARGS and "nothing was changed" in str(e.value)
+    assert e.value.exit_code == codes.EXIT_ARGS and "nothing was changed" in str(e.value)
 
 
 def test_validate_keeps_an_engine_python_of_the_admins_own(lay, src):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.cli import main
+from gptoss_spark.exit_codes import EXIT_TOOLKIT
 from gptoss_spark.kernels import vllm_plugin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +120,7 @@ def test_build_without_gpu_fails_in_one_line(capsys, tmp_path):
         pytest.skip("this host has a GPU")
     rc = main(["kernels", "build", "--arch", "12.1a", "--cache-dir", str(tmp_path)])
     err = capsys.readouterr().err.strip()
-    assert rc == 4
+    assert rc == EXIT_TOOLKIT
     assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err
 
 
