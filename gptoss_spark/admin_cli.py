@@ -5,6 +5,10 @@ The admin URL comes from the settings file ([admin] host/port); the token from
 [admin] token_file, read only for mutations, so `status` and `profile` work
 for any user while a switch needs root or the gptoss-spark group.
 
+States and operations in the API's JSON are parsed into the service's own enums
+(service/status.py): a value this version does not know is a one-line error,
+not a silent "not ready".
+
 Exit codes: 0 ok (status: engine ready), 1 not ready / the operation failed,
 2 bad usage or settings, 69 service not answering, 77 token file unreadable.
 """
@@ -23,6 +27,8 @@ from typing import Any
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
+from .service.states import State
+from .service.status import CommandKind, OperationView, OpStatus, StatusFormatError, parse_state
 from .errors import UserError
 from .exit_codes import EXIT_FAILED, EXIT_NOPERM, EXIT_UNAVAILABLE
 
@@ -153,6 +159,23 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(resolve_config_path(args.config), must_exist=False)
 
 
+def _state(body: dict) -> State:
+    try:
+        return parse_state(body.get("state"))
+    except StatusFormatError as e:
+        raise ApiError(str(e)) from None
+
+
+def _operation(body: dict) -> OperationView:
+    try:
+        return OperationView.from_json(body)
+    except StatusFormatError as e:
+        raise ApiError(str(e)) from None
+    except KeyError as e:
+        raise ApiError(f"the service answered an operation without {e.args[0]!r}; "
+                       "is this CLI the same version as the service?") from None
+
+
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
@@ -161,11 +184,12 @@ def _print_json(obj: Any) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     _, snap = Client(_settings(args)).json("GET", "/admin/status")
+    state = _state(snap)
     if args.json:
         _print_json(snap)
     else:
         print(render_status(snap))
-    return 0 if snap.get("state") == "ready" else 1
+    return 0 if state == State.READY else 1
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -218,16 +242,17 @@ def wait_operation(client: Client, op: dict, limit: float, on_state=None) -> dic
     """Poll the operation until it ends; on_state(state) hears each new service state on the way."""
     deadline = time.monotonic() + limit
     last_state = None
-    while op.get("status") in ("pending", "running"):
+    while _operation(op).status.in_progress:
         if time.monotonic() > deadline:
             raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
                            "follow it with `gptoss-spark status`")
         time.sleep(POLL_SECONDS)
         if on_state is not None:
             r = client.request("GET", "/admin/health")
-            state = r.json().get("state") if r.headers.get("content-type", "").startswith("application/json") else None
+            health = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+            state = _state(health) if health.get("state") else None  # an error body has none: skip it
             if state and state != last_state:
-                on_state(state)
+                on_state(state.value)
                 last_state = state
         _, op = client.json("GET", op["poll"])
     return op
@@ -245,17 +270,19 @@ def follow(client: Client, op: dict, args: argparse.Namespace, settings: Setting
     started = time.monotonic()
     op = wait_operation(client, op, limit, on_state=None if args.json else (lambda state: print(f"  {state}")))
     took = time.monotonic() - started
+    view = _operation(op)
+    succeeded = view.status == OpStatus.SUCCEEDED
     if args.json:
         _print_json(op)
-    elif op["status"] == "succeeded":
-        what = f"switched to {op['target']}" if op["kind"] == "switch" else f"restarted {op['target']}"
+    elif succeeded:
+        what = f"switched to {view.target}" if view.kind == CommandKind.SWITCH else f"restarted {view.target}"
         print(f"{what}: ready after {took:.0f} s")
     else:
-        print(f"{op['kind']} to {op['target']} FAILED: {op.get('error')}", file=sys.stderr)
-        if op.get("rolled_back_to"):
-            print(f"rolled back to {op['rolled_back_to']}: it is starting again; "
+        print(f"{view.kind.value} to {view.target} FAILED: {view.error}", file=sys.stderr)
+        if view.rolled_back_to:
+            print(f"rolled back to {view.rolled_back_to}: it is starting again; "
                   "follow it with `gptoss-spark status`", file=sys.stderr)
-    return 0 if op["status"] == "succeeded" else 1
+    return 0 if succeeded else 1
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -280,7 +307,7 @@ def render_status(snap: dict) -> str:
     saved = snap.get("saved") or {}
     mem = snap.get("memory")
     state = snap.get("state", "?")
-    if state == "ready" and snap.get("ready_seconds") is not None:
+    if state == State.READY and snap.get("ready_seconds") is not None:
         state += f" for {_duration(snap['ready_seconds'])}"
     engine = "-"
     if snap.get("engine_pid"):
@@ -325,7 +352,6 @@ def render_profiles(body: dict) -> str:
         out.append(f" {mark} {p['name']:<{width}}  {p['description']}")
         if p.get("why_not"):
             out.append(f"   {'':<{width}}  cannot run here: {'; '.join(p['why_not'])}")
-    if body.get("operation") and body["operation"]["status"] in ("pending", "running"):
-        op = body["operation"]
-        out.append(f"in progress: {op['kind']} -> {op['target']} ({op['status']})")
+    if body.get("operation") and (op := _operation(body["operation"])).status.in_progress:
+        out.append(f"in progress: {op.kind.value} -> {op.target} ({op.status.value})")
     return "\n".join(out)

@@ -15,7 +15,7 @@ from .service.config import load_settings, resolve_config_path
 from .errors import ConfigError
 from .service.profiles import get_profile, load_profiles
 from .service.store import StateStore
-from .service.supervisor import Supervisor
+from .service.supervisor import Supervisor, SupervisorParts
 from .service.systemd import Notifier
 
 log = structlog.get_logger("gptoss_spark")
@@ -85,7 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     notifier = Notifier()  # takes NOTIFY_SOCKET out of the environment before anything can inherit it
     settings = load_settings(resolve_config_path(args.config))
-    supervisor = Supervisor(settings, notifier=notifier)
+    # The parts are built here, where a bad profile file is still a clean config error (exit 2).
+    supervisor = Supervisor(settings, SupervisorParts.from_settings(settings), notifier=notifier)
     supervisor.initial_profile()  # a bad default_profile is a config error: exit before anything starts
     check_api_access(settings)  # likewise a bind address not on this host, or an unreadable key
     return asyncio.run(_serve(supervisor))

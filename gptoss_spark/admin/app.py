@@ -1,5 +1,8 @@
 """The admin API's routes: parse, authorize, call the supervisor, map its outcomes to HTTP.
 
+Reads answer from one status snapshot (Supervisor.status(), service/status.py) per request;
+mutations call the supervisor's request_* methods and follow the Operation they return.
+
 Order of checks on a mutation: body size (middleware, before anything is
 parsed) -> token (401/403/503) -> JSON (400) -> schema (422) -> the
 supervisor's own validation (404/409/422). A request refused anywhere along
@@ -25,7 +28,7 @@ from .. import __version__
 from ..service.config import Settings
 from ..service.fit import why_not
 from ..service.profiles import PROFILE_NAME_RE
-from ..service.states import State
+from ..service.status import OpStatus
 from .auth import authorize, check_token_file_mode
 from .metrics import make_registry, render
 
@@ -151,7 +154,7 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
 
     settings = settings or supervisor.settings
     token_file = settings.admin.token_file
-    registry = make_registry(supervisor)
+    registry = make_registry(supervisor.status)
     watchers: set[asyncio.Task[None]] = set()
 
     warning = check_token_file_mode(token_file)
@@ -188,8 +191,9 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
     def watch(op: "Operation", peer: str) -> None:
         async def finished() -> None:
             await op.done.wait()
-            log.info("admin operation finished", peer=peer, action=op.kind.value, op=op.id, target=op.target,
-                     outcome=op.status.value, error=op.error, rolled_back_to=op.rolled_back_to)
+            v = op.view()
+            log.info("admin operation finished", peer=peer, action=v.kind.value, op=v.id, target=v.target,
+                     outcome=v.status.value, error=v.error, rolled_back_to=v.rolled_back_to)
         task = asyncio.create_task(finished(), name=f"admin-watch-{op.id}")
         watchers.add(task)
         task.add_done_callback(watchers.discard)
@@ -217,14 +221,15 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
     async def operation_response(request: Request, op: "Operation", wait: bool) -> JSONResponse:
         poll = f"/admin/operations/{op.id}"
         if not wait:
-            return JSONResponse({**op.as_dict(), "poll": poll}, status_code=202,
+            return JSONResponse({**op.view().to_json(), "poll": poll}, status_code=202,
                                 headers={**NO_STORE, "Location": poll})
         await op.done.wait()
-        body = {**op.as_dict(), "poll": poll}
-        if op.status.value == "succeeded":
+        view = op.view()
+        body = {**view.to_json(), "poll": poll}
+        if view.status == OpStatus.SUCCEEDED:
             return JSONResponse(body, status_code=200, headers=NO_STORE)
         # Accepted and carried out, but it failed (and was rolled back where it could be).
-        return JSONResponse({**body, "message": op.error}, status_code=500, headers=NO_STORE)
+        return JSONResponse({**body, "message": view.error}, status_code=500, headers=NO_STORE)
 
     async def mutation_preamble(request: Request, action: str) -> tuple[Any, bool, JSONResponse | None]:
         auth = authorize(request.headers.get("authorization"), token_file)
@@ -246,48 +251,43 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
 
     @app.get("/admin/health")
     async def health() -> JSONResponse:
-        state = supervisor.state
-        ready = state == State.READY
-        return JSONResponse({"status": "ok" if ready else "unavailable", "state": state.value,
-                             "profile": supervisor.profile_name},
-                            status_code=200 if ready else 503, headers=NO_STORE)
+        st = supervisor.status()
+        return JSONResponse({"status": "ok" if st.ready else "unavailable", "state": st.state.value,
+                             "profile": st.profile},
+                            status_code=200 if st.ready else 503, headers=NO_STORE)
 
     @app.get("/admin/profile")
     async def get_profile() -> JSONResponse:
-        saved = supervisor.persisted()
-        active = supervisor.profile_name
-        total_gib = (supervisor.guard.last or supervisor.guard.source.read()).total_bytes / 2**30
+        st = supervisor.status()
+        total_gib = st.guard.host_total_bytes / 2**30
         profiles = []
-        for p in sorted(supervisor.profiles.values(), key=lambda p: p.name):
+        for p in sorted(st.profiles.values(), key=lambda p: p.name):
             reasons = why_not(p, settings, total_gib)
             profiles.append({"name": p.name, "description": p.description, "memory_gib": p.memory_gib,
-                             "active": p.name == active, "runs_here": not reasons, "why_not": reasons})
-        op = supervisor.snapshot()["operation"]
-        return JSONResponse({"active": active, "state": supervisor.state.value,
-                             "saved": saved.active_profile, "last_good": saved.last_good_profile,
-                             "profiles": profiles, "operation": op}, headers=NO_STORE)
+                             "active": p.name == st.profile, "runs_here": not reasons, "why_not": reasons})
+        return JSONResponse({"active": st.profile, "state": st.state.value,
+                             "saved": st.saved.active_profile, "last_good": st.saved.last_good_profile,
+                             "profiles": profiles, "operation": st.operation.to_json() if st.operation else None},
+                            headers=NO_STORE)
 
     @app.get("/admin/status")
     async def status() -> JSONResponse:
-        snap = supervisor.snapshot()
-        saved = supervisor.persisted()
-        snap["saved"] = {"active_profile": saved.active_profile, "last_good_profile": saved.last_good_profile}
-        snap["version"] = __version__
-        return JSONResponse(snap, headers=NO_STORE)
+        return JSONResponse({**supervisor.status().to_json(), "version": __version__}, headers=NO_STORE)
 
     @app.get("/admin/operations/{op_id}")
     async def get_operation(op_id: str) -> JSONResponse:
-        op = supervisor.operations.get(op_id) if OPERATION_ID_RE.match(op_id) else None
+        op = supervisor.status().operations.get(op_id) if OPERATION_ID_RE.match(op_id) else None
         if op is None:
             return error(404, "unknown_operation", "no such operation (ids are kept for the last 50)")
-        return JSONResponse({**op.as_dict(), "poll": f"/admin/operations/{op.id}"}, headers=NO_STORE)
+        return JSONResponse({**op.to_json(), "poll": f"/admin/operations/{op.id}"}, headers=NO_STORE)
 
     @app.get("/admin/cluster")
     async def get_cluster() -> JSONResponse:
         # This node's half of a two-node engine: what the other node's supervisor polls (cluster.py).
-        if supervisor.role is None:
+        cluster = supervisor.status().cluster
+        if cluster is None:
             return error(404, "not_clustered", "this node has no [cluster] setting (docs/CLUSTER.md)")
-        return JSONResponse(supervisor.node_view(), headers=NO_STORE)
+        return JSONResponse(cluster.node.to_json(), headers=NO_STORE)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -317,7 +317,7 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
             return error(REJECTED_STATUS.get(e.code, 409), e.code, str(e))
         if op is None:
             audit(request, "switch", "no-op: already active and ready", target=body.name)
-            return JSONResponse({"status": "noop", "target": body.name, "state": supervisor.state.value,
+            return JSONResponse({"status": "noop", "target": body.name, "state": supervisor.status().state.value,
                                  "message": f"profile {body.name} is already active and ready"},
                                 headers=NO_STORE)
         audit(request, "switch", "accepted", target=body.name, op=op.id, from_profile=op.from_profile)
@@ -351,10 +351,12 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
         data, _, bad = await mutation_preamble(request, "cluster order")
         if bad is not None:
             return bad
-        if supervisor.role != "worker":
+        cluster = supervisor.status().cluster
+        role = cluster.node.role if cluster else None
+        if role != "worker":
             audit(request, "cluster order", "rejected: not a cluster worker")
             return error(409, "not_worker", "only a cluster worker takes orders; this node's role is "
-                                            f"{supervisor.role or 'single'}")
+                                            f"{role or 'single'}")
         try:
             body = OrderBody.model_validate(data)
         except ValidationError as e:
@@ -363,6 +365,8 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
             return error(422, "invalid", message)
         supervisor.order_from_head(body.generation, body.profile, body.run)
         audit(request, "cluster order", "accepted", generation=body.generation, target=body.profile, run=body.run)
-        return JSONResponse(supervisor.node_view(), headers=NO_STORE)
+        after = supervisor.status().cluster
+        assert after is not None
+        return JSONResponse(after.node.to_json(), headers=NO_STORE)
 
     return app

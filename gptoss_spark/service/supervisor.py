@@ -14,12 +14,11 @@ next safe point, and their progress is visible as an Operation.
 from __future__ import annotations
 
 import asyncio
-import enum
 import secrets
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 import structlog
 
@@ -35,6 +34,8 @@ from ..exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .profiles import Profile, load_profiles, unknown_profiles
+from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus, OperationView,
+                     OpStatus, SupervisorStatus, frozen_map)
 from .store import PersistedState, StateStore
 from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
 from .systemd import Notifier, watchdog_interval
@@ -51,19 +52,6 @@ EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout
 HEALTH_FAILURES_BEFORE_RESTART = 3
 # _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
 WEDGE_REASONS = ("wedged: ", "engine /health failed")
-
-
-class CommandKind(str, enum.Enum):
-    STOP = "stop"
-    RESTART = "restart"
-    SWITCH = "switch"
-
-
-class OpStatus(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
 
 
 @dataclass
@@ -87,16 +75,20 @@ class Operation:
         self.finished = time.time()
         self.done.set()
 
-    def as_dict(self) -> dict[str, object]:
-        return {"id": self.id, "kind": self.kind.value, "target": self.target, "from": self.from_profile,
-                "status": self.status.value, "error": self.error, "rolled_back_to": self.rolled_back_to,
-                "created": self.created, "finished": self.finished}
+    def view(self) -> OperationView:
+        """The operation as it stands now, frozen (what the admin API and the status show)."""
+        return OperationView(self.id, self.kind, self.target, self.from_profile, self.status, self.error,
+                             self.rolled_back_to, self.created, self.finished)
 
 
 @dataclass
 class Command:
     kind: CommandKind
     op: Operation | None = None
+    # The target profile as validated when the command was accepted: vLLM's parser and the next
+    # engine get this object, so the operation reads the profile files once (edits after that
+    # need another restart).
+    profile: Profile | None = None
 
 
 class Rejected(Exception):
@@ -118,17 +110,43 @@ class _Ended:
     exit_code: int | None = None  # set when the engine process itself ended
 
 
+@dataclass(frozen=True)
+class SupervisorParts:
+    """What the supervisor works with, built from the settings by `serve` (commands.py) and passed in:
+    the persisted store, the memory guard, the restart policy and the profiles loaded at start."""
+
+    store: StateStore
+    guard: MemoryGuard
+    policy: RestartPolicy
+    profiles: Mapping[str, Profile]
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, memory_source: MemorySource | None = None,
+                      clock: Callable[[], float] = time.monotonic) -> "SupervisorParts":
+        """ConfigError if a profile file is invalid: `serve` exits before anything starts."""
+        return cls(store=StateStore(settings.state_file),
+                   guard=MemoryGuard(settings.memory, memory_source or ProcMemorySource()),
+                   policy=RestartPolicy(settings.restart, clock),
+                   profiles=load_profiles(settings))
+
+
 class Supervisor:
-    def __init__(self, settings: Settings, *, notifier: Notifier | None = None,
-                 store: StateStore | None = None, memory_source: MemorySource | None = None,
+    def __init__(self, settings: Settings, parts: SupervisorParts | None = None, *,
+                 notifier: Notifier | None = None, memory_source: MemorySource | None = None,
                  engine_factory: Callable[[Settings, Profile], EngineProcess] = EngineProcess,
                  probe_factory: Callable[[str, str, str | None], EngineProbe] = EngineProbe,
                  engine_args_check: Callable[[Settings, Profile], Awaitable[str | None]] | None = profile_rejects,
                  clock: Callable[[], float] = time.monotonic):
+        """parts: as `serve` builds them; without, built here from settings (memory_source: where the
+        guard reads memory, a stand-in in tests; only without parts, whose guard has its own)."""
+        if parts is None:
+            parts = SupervisorParts.from_settings(settings, memory_source=memory_source, clock=clock)
+        elif memory_source is not None:
+            raise TypeError("memory_source is for a Supervisor that builds its own parts; put it in parts.guard")
         self.settings = settings
         self.notifier = notifier or Notifier(socket_path="")
-        self.store = store or StateStore(settings.state_file)
-        self.guard = MemoryGuard(settings.memory, memory_source or ProcMemorySource())
+        self.store = parts.store
+        self.guard = parts.guard
         self.alerts = Alerter(settings.alerts)
         self.engine_factory = engine_factory
         self.probe_factory = probe_factory  # (base_url, served_name, api_key) -> what /health etc. answer
@@ -140,8 +158,10 @@ class Supervisor:
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
-        self.policy = RestartPolicy(settings.restart, clock)
-        self.profiles: dict[str, Profile] = load_profiles(settings)
+        self.policy = parts.policy
+        # The loaded set: re-read when a switch or restart is validated, and when the engine is
+        # started again without one (a retry after a failure, a rollback, a worker's order).
+        self.profiles: dict[str, Profile] = dict(parts.profiles)
         self.profile_name: str | None = None
         self.engine: EngineProcess | None = None
         self.engine_ready_since: float | None = None
@@ -170,53 +190,56 @@ class Supervisor:
     def state(self) -> State:
         return self.sm.state
 
-    def snapshot(self) -> dict[str, object]:
-        mem = self.guard.last
-        return {
-            "state": self.state.value,
-            "profile": self.profile_name,
-            "engine_pid": self.engine.pid if self.engine and self.engine.returncode is None else None,
-            "engine_url": self.engine.base_url if self.engine else None,
-            "uptime_seconds": round(time.time() - self.started_at, 1),
-            "ready_seconds": round(self.clock() - self.engine_ready_since, 1)
-            if self.engine_ready_since is not None and self.state == State.READY else None,
-            "restarts": self.policy.total_restarts,
-            "recent_failures": self.policy.recent_failures(),
-            "last_error": self.last_error,
-            "memory": None if mem is None else {
-                "available_gib": round(mem.available_gib, 2), "total_gib": round(mem.total_bytes / 2**30, 2),
-                "psi_some_avg10": mem.psi_some_avg10, "guard_trips": self.guard.trips},
-            "switches": dict(self.switches),
-            "operation": self._current_op.as_dict() if self._current_op else None,
-            "transitions": [
-                {"at": t.wall, "from": t.old.value, "to": t.new.value, "reason": t.reason, "profile": t.profile}
-                for t in self.sm.history],
-            "cluster": self.cluster_status(),
-        }
-
-    def node_view(self) -> dict[str, object]:
-        """This node's half of the engine, as the other node's supervisor reads it (GET /admin/cluster)."""
+    def status(self) -> SupervisorStatus:
+        """Everything the admin API, /metrics and the CLI show, taken at one instant (status.py)."""
         engine = self.engine
         alive = engine is not None and engine.returncode is None
-        return {"role": self.role, "address": str(self.settings.cluster.address) if self.settings.cluster else None,
-                "state": self.state.value, "profile": self.profile_name, "generation": self.generation,
-                "engine_pid": engine.pid if alive else None,
-                "joined": bool(alive and engine.joined_at is not None), "error": self.generation_error,
-                "last_error": self.last_error, "venv": cluster.venv_name()}
+        ready = self.state == State.READY
+        mem = self.guard.last
+        # Before the guard's first reading (only while starting up) the host's total is read here.
+        total = mem.total_bytes if mem is not None else self.guard.source.read().total_bytes
+        ops = {op_id: self.operations[op_id].view() for op_id in self._op_order if op_id in self.operations}
+        return SupervisorStatus(
+            state=self.state,
+            profile=self.profile_name,
+            engine=EngineStatus(
+                pid=engine.pid if alive else None,
+                url=engine.base_url if engine else None,
+                ready_seconds=round(self.clock() - self.engine_ready_since, 1)
+                if self.engine_ready_since is not None and ready else None),
+            started_at=self.started_at,
+            uptime_seconds=round(time.time() - self.started_at, 1),
+            last_error=self.last_error,
+            counters=Counters(restarts=self.policy.total_restarts, recent_failures=self.policy.recent_failures(),
+                              switches_ok=self.switches.get("ok", 0), switches_failed=self.switches.get("failed", 0)),
+            guard=GuardStatus(reading=mem, trips=self.guard.trips, host_total_bytes=total),
+            operation=self._current_op.view() if self._current_op else None,
+            operations=frozen_map(ops),
+            transitions=tuple(self.sm.history),
+            state_seconds=frozen_map(self.sm.seconds_in()),
+            profiles=frozen_map(self.profiles),
+            saved=self.store.load(),
+            cluster=self._cluster_status(),
+        )
 
-    def cluster_status(self) -> dict[str, object] | None:
-        """Both nodes on the head (the worker as last polled), this node and its head on the worker."""
-        if self.role is None:
+    def _node_status(self) -> NodeStatus:
+        assert self.role is not None and self.settings.cluster is not None
+        engine = self.engine
+        alive = engine is not None and engine.returncode is None
+        return NodeStatus(role=self.role, address=str(self.settings.cluster.address), state=self.state,
+                          profile=self.profile_name, generation=self.generation,
+                          engine_pid=engine.pid if alive else None,
+                          joined=bool(alive and engine.joined_at is not None), error=self.generation_error,
+                          last_error=self.last_error, venv=cluster.venv_name())
+
+    def _cluster_status(self) -> ClusterStatus | None:
+        if self.role is None or self.settings.cluster is None:
             return None
-        me = self.node_view()
-        if self.role == "worker":
-            return {"role": "worker", "head": self.settings.peer_admin_url, "generation": self.generation,
-                    "nodes": [me]}
         peer = self.peer_view
-        worker = ({"role": "worker", "address": str(self.settings.cluster.peer), "reachable": False,
-                   "error": peer} if isinstance(peer, str) or peer is None else {**peer, "reachable": True})
-        return {"role": "head", "worker": self.settings.peer_admin_url, "generation": self.generation,
-                "nodes": [me, worker]}
+        return ClusterStatus(node=self._node_status(), peer_url=self.settings.peer_admin_url,
+                             generation=self.generation,
+                             peer_address=str(self.settings.cluster.peer) if self.role == "head" else None,
+                             peer=frozen_map(peer) if isinstance(peer, dict) else peer)
 
     def persisted(self) -> PersistedState:
         return self.store.load()
@@ -236,7 +259,7 @@ class Supervisor:
             raise Rejected("state", "the engine has not been started yet")
         profile = self._validated_profile(self.profile_name)
         op = self._new_op(CommandKind.RESTART, profile.name)
-        self._queue(Command(CommandKind.RESTART, op))
+        self._queue(Command(CommandKind.RESTART, op, profile))
         return op
 
     def request_switch(self, name: str) -> Operation | None:
@@ -253,7 +276,7 @@ class Supervisor:
         if refusal:
             raise Rejected("memory", f"profile {name}: {refusal}")
         op = self._new_op(CommandKind.SWITCH, name)
-        self._queue(Command(CommandKind.SWITCH, op))
+        self._queue(Command(CommandKind.SWITCH, op, profile))
         return op
 
     def _refuse_on_worker(self, what: str) -> None:
@@ -280,6 +303,7 @@ class Supervisor:
                            if busy else "a stop is in progress")
 
     def _validated_profile(self, name: str) -> Profile:
+        """The profile files read for this operation (the only read: the Command carries the result)."""
         try:
             profiles = load_profiles(self.settings)  # pick up edits and new files in profiles.d
         except ConfigError as e:
@@ -363,11 +387,15 @@ class Supervisor:
 
     async def _run(self) -> int:
         profile = self.initial_profile()
+        # The next engine's profile when it is already read: at start (SupervisorParts) and as validated
+        # by a restart or switch. None: read the files again (a retry after a failure, a rollback).
+        loaded: Profile | None = self.profiles[profile]
         op: Operation | None = None
         rollback_to: str | None = None
         last_exit: str | None = None  # failure_signature of the last engine exit before ready
         while True:
-            ended = await self._run_generation(profile, op)
+            ended = await self._run_generation(profile, op, loaded)
+            loaded = None
             if ended.reached_ready or ended.command is not None:
                 last_exit = None
             if ended.reached_ready:
@@ -425,6 +453,7 @@ class Supervisor:
                 return EXIT_OK
             self.policy.reset()
             op = cmd.op
+            loaded = cmd.profile
             if op is not None:
                 op.status = OpStatus.RUNNING
                 if cmd.kind == CommandKind.SWITCH:
@@ -451,8 +480,10 @@ class Supervisor:
             return None
         return self._take_command()
 
-    async def _run_generation(self, name: str, op: Operation | None) -> _Ended:
-        """Start one engine for profile `name`, serve until something ends it, leave it stopped."""
+    async def _run_generation(self, name: str, op: Operation | None, loaded: Profile | None = None) -> _Ended:
+        """Start one engine for profile `name`, serve until something ends it, leave it stopped.
+
+        loaded: that profile as already read (see _run); None reads the profile files now."""
         self.profile_name = name
         why = f"{op.kind.value} {op.id}" if op else "start"
         self.sm.to(State.STARTING, why, name)
@@ -461,14 +492,17 @@ class Supervisor:
             if isinstance(got, _Ended):
                 return got
             name = self.profile_name = got
+            loaded = None  # the head names the profile: this node's own files say what it is
         elif self.role == "head":
             ended = await self._await_worker(name)
             if ended is not None:
                 return ended
             self.generation = cluster.new_generation()
         try:
-            self.profiles = load_profiles(self.settings)
-            profile = self.profiles[name]
+            if loaded is None or loaded.name != name:
+                self.profiles = load_profiles(self.settings)
+                loaded = self.profiles[name]
+            profile = loaded
             profile.check_requirements(self.settings)
         except (RequirementError, ConfigError, KeyError) as e:
             vanished = f"profile {name} is not among this node's profiles" if self.role == "worker" \
@@ -725,7 +759,7 @@ class Supervisor:
         stop arrives, the check is dropped (False) and the caller sees which.
         """
         target = (cmd.op.target if cmd.op else None) or name
-        profile = self.profiles.get(target)
+        profile = cmd.profile or self.profiles.get(target)
         if profile is None or self.engine_args_check is None:
             return False
         if cmd.op is not None:

@@ -268,3 +268,48 @@ def test_memory_danger_stops_the_engine_with_little_grace(tmp_path):
         sup.guard.source.available_gib = 100.0
         assert await stopped(sup, task) == EXIT_OK
     asyncio.run(scenario())
+
+
+def test_a_switch_reads_the_profile_files_once_and_starts_what_was_validated(tmp_path, monkeypatch):
+    """The validation's reading is the one vLLM's check and the engine get: no second read at start,
+    so an edit made after the switch was accepted does not slip into that engine."""
+    from gptoss_spark.service import supervisor as supervisor_module
+
+    reads: list[int] = []
+    real_load = supervisor_module.load_profiles
+
+    def counting_load(settings):
+        reads.append(1)
+        return real_load(settings)
+
+    monkeypatch.setattr(supervisor_module, "load_profiles", counting_load)
+
+    async def scenario():
+        sup = supervisor(tmp_path, {"good": "", "other": ""})  # reads once, in SupervisorParts
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        assert len(reads) == 1, "the first start uses the profiles read at construction"
+        op = sup.request_switch("other")
+        assert len(reads) == 2  # the validation
+        # Edited before run() takes the command (no await in between): the validated one still starts.
+        (tmp_path / "profiles" / "other.toml").write_text('description = "edited later"\n')
+        await asyncio.wait_for(op.done.wait(), 5)
+        assert op.status == OpStatus.SUCCEEDED and sup.profile_name == "other"
+        assert ScriptedEngine.started[-1].profile.description == "fake other"
+        assert len(reads) == 2, "nothing read the profile files again for this switch"
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_a_retry_after_a_crash_reads_the_profile_files_again(tmp_path):
+    """No operation asked for the retry: it starts from the files as they are now (a fix is picked up)."""
+    async def scenario():
+        sup = supervisor(tmp_path, {"flaky": "crash_after=0.2,crash_once"})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        (tmp_path / "profiles" / "flaky.toml").write_text(
+            'description = "fixed"\nmemory_gib = 10\n[engine]\nenv = { FAKE_ENGINE_MODE = "" }\n')
+        await until(sup, task, lambda: len(ScriptedEngine.started) == 2 and sup.state == State.READY, "ready again")
+        assert ScriptedEngine.started[-1].profile.description == "fixed"
+        assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
