@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
 from .layout import InstallError, Layout
-from .venvs import AS_SERVICE, Runner, _config_args, default_runner, has_subcommand, _quiet_runner
+from .venvs import AS_SERVICE, Runner, _config_args, default_runner
 
 
 def _step(ok: bool, message: str, code: int) -> None:
@@ -44,15 +44,14 @@ def engine_python_override(layout: Layout, venv: Path) -> list[str]:
 
 
 def validate_version(layout: Layout, venv: Path, source: Path, *, run: Runner = default_runner,
-                     probe: Runner | None = None, log: Callable[[str], None] = print) -> None:
-    probe = probe or _quiet_runner(run)
+                     log: Callable[[str], None] = print) -> None:
     py, gs = str(venv / "bin" / "python"), str(venv / "bin" / "gptoss-spark")
     kept = "; nothing was changed, the running version still serves"
     log(f"  checking {layout.real(venv)} before the running service is touched")
     _step(run([py, "-c", "import vllm, transformers, gptoss_spark"]) == 0,
           "the new environment cannot import vllm/transformers/gptoss_spark (see the error above)" + kept, EXIT_VENV)
     pdir = source / "patches" / "vllm"
-    if pdir.is_dir() and has_subcommand(venv, "patches", probe):
+    if pdir.is_dir():
         _step(run([gs, "patches", "verify", "--venv", str(venv), "--patches-dir", str(pdir)]) == 0,
               "the new version's vLLM patches do not verify (see above)" + kept, EXIT_PATCHES)
     _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *_config_args(layout),

@@ -156,26 +156,13 @@ class BuildPlan:
         return self.layout.build_dir / self.venv_id
 
 
-def has_subcommand(venv: Path, name: str, run: Runner) -> bool:
-    """Hook points: patches / kernels / demo-model land in the package separately."""
-    return run([str(venv / "bin" / "gptoss-spark"), name, "--help"]) == 0
-
-
-def _quiet_runner(run: Runner) -> Runner:
-    def q(argv: Sequence[str]) -> int:
-        return subprocess.run([str(a) for a in argv], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL).returncode
-    return q if run is default_runner else run
-
-
-def build_venv(plan: BuildPlan, *, run: Runner = default_runner, probe: Runner | None = None,
+def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
                log: Callable[[str], None] = print) -> bool:
     """Build venvs/<id> unless it is already complete. True if built, False if it was there.
 
     On any failure the half-built venv is removed and InstallError says which
     step failed; `current` (and the running service) were never touched.
     """
-    probe = probe or _quiet_runner(run)
     venv = plan.venv
     if is_complete(venv):
         return False
@@ -185,7 +172,7 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner, probe: Runner |
     old_umask = os.umask(0o022)  # the service user must read it all
     t0 = time.monotonic()
     try:
-        _build(plan, run, probe, log)
+        _build(plan, run, log)
     except BaseException:
         shutil.rmtree(venv, ignore_errors=True)
         raise
@@ -228,7 +215,7 @@ def _install_locked(plan: BuildPlan, lock: LockTarget, pip: list[str], py: str, 
           "matches pyproject.toml; refresh it (scripts/lock.sh refresh) and commit it", EXIT_VENV)
 
 
-def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], None]) -> None:
+def _build(plan: BuildPlan, run: Runner, log: Callable[[str], None]) -> None:
     venv, py = plan.venv, str(plan.venv / "bin" / "python")
     gs = str(venv / "bin" / "gptoss-spark")
     plan.layout.venvs_dir.mkdir(parents=True, exist_ok=True)
@@ -259,33 +246,27 @@ def _build(plan: BuildPlan, run: Runner, probe: Runner, log: Callable[[str], Non
     _step(run([py, "-c", "import vllm, transformers, gptoss_spark"]) == 0,
           "the new environment cannot import vllm/transformers (see the error above)", EXIT_VENV)
 
-    if has_subcommand(venv, "patches", probe):
-        log("  applying and verifying the vLLM patches")
-        # The patch set is not part of the installed package: name this source's
-        # (staged) copy, or `patches` would look beside site-packages and fail.
-        pdir = ["--patches-dir", str(plan.staged / "patches" / "vllm")]
-        _step(run([gs, "patches", "apply", "--venv", str(venv), *pdir]) == 0,
-              "the vLLM patches did not apply: the installed vLLM is not the pinned one, or a patch "
-              "drifted; the previous install is untouched", EXIT_PATCHES)
-        _step(run([gs, "patches", "verify", "--venv", str(venv), *pdir]) == 0,
-              "the vLLM patches did not verify after applying; the previous install is untouched", EXIT_PATCHES)
-    else:
-        log("  patches: this version has no `gptoss-spark patches`; skipped")
+    log("  applying and verifying the vLLM patches")
+    # The patch set is not part of the installed package: name this source's
+    # (staged) copy, or `patches` would look beside site-packages and fail.
+    pdir = ["--patches-dir", str(plan.staged / "patches" / "vllm")]
+    _step(run([gs, "patches", "apply", "--venv", str(venv), *pdir]) == 0,
+          "the vLLM patches did not apply: the installed vLLM is not the pinned one, or a patch "
+          "drifted; the previous install is untouched", EXIT_PATCHES)
+    _step(run([gs, "patches", "verify", "--venv", str(venv), *pdir]) == 0,
+          "the vLLM patches did not verify after applying; the previous install is untouched", EXIT_PATCHES)
 
     if plan.mode == "spark":
-        if has_subcommand(venv, "kernels", probe):
-            log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
-            # As the service user, with the settings the service will read: the cache lands where
-            # the engine looks (TRITON_CACHE_DIR under state_dir) and the engine can add to it.
-            _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *_config_args(plan.layout)]) == 0,
-                  "the ahead-of-time kernel build failed (see above); the previous install is untouched",
-                  EXIT_KERNELS)
-        else:
-            log("  kernels: this version has no `gptoss-spark kernels`; skipped")
+        log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
+        # As the service user, with the settings the service will read: the cache lands where
+        # the engine looks (TRITON_CACHE_DIR under state_dir) and the engine can add to it.
+        _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *_config_args(plan.layout)]) == 0,
+              "the ahead-of-time kernel build failed (see above); the previous install is untouched",
+              EXIT_KERNELS)
 
 
 def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = default_runner,
-                        probe: Runner | None = None, log: Callable[[str], None] = print, dry_run: bool = False) -> None:
+                        log: Callable[[str], None] = print, dry_run: bool = False) -> None:
     """On a Spark: compile FlashInfer's JIT modules for the installed profiles, then link them into the venv.
 
     Runs after the configuration is in place (the profiles decide the modules) and
@@ -302,10 +283,6 @@ def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = 
         log(f"  would compile the profiles' FlashInfer JIT modules as {SERVICE} into "
             f"{layout.real(layout.state_dir)}/cache/flashinfer and link them into {layout.real(venv)}")
         return
-    probe = probe or _quiet_runner(run)
-    if not has_subcommand(venv, "flashinfer", probe):
-        log("  FlashInfer: this version has no `gptoss-spark flashinfer`; skipped")
-        return
     log("  compiling FlashInfer's JIT modules for the installed profiles (a first install: long, see docs/INSTALL.md)")
     cfg = _config_args(layout)
     _step(run([*AS_SERVICE, gs, "flashinfer", "build", *cfg]) == 0,
@@ -317,23 +294,20 @@ def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = 
 
 
 def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = default_runner,
-                   probe: Runner | None = None, log: Callable[[str], None] = print, dry_run: bool = False) -> None:
+                   log: Callable[[str], None] = print, dry_run: bool = False) -> None:
     """Files the service needs at first start and must not download: o200k_base.tiktoken,
     and for --cpu the tiny demo model. Made once; kept across upgrades."""
-    probe = probe or _quiet_runner(run)
     py = str(venv / "bin" / "python")
     tik = layout.tiktoken_dir / "o200k_base.tiktoken"
     if tik.is_file():
         log(f"  tiktoken: {layout.real(tik)} present")
     elif dry_run:
         log(f"  would write {layout.real(tik)}")
-    elif probe([py, "-c", "import gptoss_spark.install.tiktoken_file"]) == 0:
+    else:
         _step(run([py, "-c", "import sys; from gptoss_spark.install.tiktoken_file import install_tiktoken_file as f; "
                              "f(sys.argv[1])", str(layout.tiktoken_dir)]) == 0,
               f"could not write {tik}", EXIT_ASSETS)
         os.chmod(layout.tiktoken_dir, 0o755)
-    else:
-        log("  tiktoken: this version has no gptoss_spark.install.tiktoken_file; skipped")
     if not cpu:
         return
     d = layout.demo_model_dir
@@ -341,13 +315,10 @@ def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = defau
         log(f"  demo model: {layout.real(d)} present")
     elif dry_run:
         log(f"  would generate the demo model at {layout.real(d)}")
-    elif probe([py, "-c", "import gptoss_spark.install.demo_model"]) == 0:
+    else:
         log(f"  generating the tiny demo model at {layout.real(d)}")
         _step(run([py, "-c", "import sys, pathlib; from gptoss_spark.install.demo_model import make_demo_model as f; "
                              "f(pathlib.Path(sys.argv[1]))", str(d)]) == 0,
               f"could not generate the demo model at {d}", EXIT_ASSETS)
         for p in [d, *d.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
-    else:
-        raise InstallError("this version has no gptoss_spark.install.demo_model; --cpu cannot make its model",
-                           EXIT_ASSETS)

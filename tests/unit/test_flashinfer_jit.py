@@ -360,7 +360,7 @@ def test_install_step_builds_as_the_service_user_then_links_as_root(tmp_path):
     layout.config_file.write_text("")
     venv = layout.venvs_dir / "v1"
     run = Runner()
-    venvs.prebuild_flashinfer(layout, venv, cpu=False, run=run, probe=lambda argv: 0, log=lambda _: None)
+    venvs.prebuild_flashinfer(layout, venv, cpu=False, run=run, log=lambda _: None)
     gs = str(venv / "bin" / "gptoss-spark")
     cfg = ["--config", str(layout.config_file)]
     assert run.calls == [[*venvs.AS_SERVICE, gs, "flashinfer", "build", *cfg], [gs, "flashinfer", "link", *cfg]]
@@ -372,7 +372,7 @@ def test_install_step_failure_exits_27_and_says_the_previous_install_is_untouche
     layout = Layout(root=tmp_path)
     with pytest.raises(InstallError) as e:
         venvs.prebuild_flashinfer(layout, layout.venvs_dir / "v1", cpu=False, run=Runner(fail_on),
-                                  probe=lambda argv: 0, log=lambda _: None)
+                                  log=lambda _: None)
     assert e.value.exit_code == EXIT_FLASHINFER and "previous install is untouched" in str(e.value)
     assert "\n" not in str(e.value)
 

@@ -80,18 +80,15 @@ def test_stage_source_copies_what_pip_needs(src, tmp_path):
 # ---------------------------------------------------------------- build
 
 class FakeRunner:
-    def __init__(self, fail_on: str | None = None, has: tuple[str, ...] = ("patches", "demo-model")):
+    def __init__(self, fail_on: str | None = None):
         self.calls: list[list[str]] = []
         self.fail_on = fail_on
-        self.has = has
 
     def __call__(self, argv) -> int:
         argv = [str(a) for a in argv]
         self.calls.append(argv)
         if argv[1:3] == ["-m", "venv"]:
             Path(argv[3], "bin").mkdir(parents=True)
-        if argv[-1] == "--help":
-            return 0 if argv[1] in self.has else 2
         if self.fail_on and self.fail_on in " ".join(argv):
             return 1
         return 0
@@ -148,7 +145,7 @@ def test_locked_build_installs_the_lock_as_is_then_the_package(lay, src):
 
 
 def test_locked_spark_build_has_only_the_asyncio_backport_absent(lay, src):
-    run = FakeRunner(has=("patches", "kernels"))
+    run = FakeRunner()
     venvs.build_venv(locked_plan(lay, src, "spark-cp312-aarch64"), run=run, log=lambda s: None)
     joined = [" ".join(c) for c in run.calls]
     assert any(c.endswith("-m gptoss_spark.install.depcheck --absent=asyncio") for c in joined)
@@ -173,7 +170,7 @@ def test_a_changed_lock_is_a_new_venv(src):
 
 
 def test_spark_build_compiles_kernels_when_available(lay, src):
-    run = FakeRunner(has=("patches", "kernels"))
+    run = FakeRunner()
     venvs.build_venv(plan(lay, src, "spark"), run=run, log=lambda s: None)
     joined = [" ".join(c) for c in run.calls]
     assert any(c.endswith("[spark,bench]") for c in joined)
@@ -184,24 +181,17 @@ def test_spark_build_compiles_kernels_when_available(lay, src):
     assert [c.split("--quiet ")[-1] for c in joined if "pip uninstall" in c] == ["asyncio"]
 
 
-def test_missing_patch_command_is_a_hook_point(lay, src):
-    logs = []
-    run = FakeRunner(has=())
-    venvs.build_venv(plan(lay, src), run=run, log=logs.append)
-    assert any("patches" in s and "skipped" in s for s in logs)
-
-
 @pytest.mark.parametrize("fail_on,code", [("pip install", codes.EXIT_VENV), ("patches apply", codes.EXIT_PATCHES),
                                           ("patches verify", codes.EXIT_PATCHES), ("kernels build", codes.EXIT_KERNELS)])
 def test_failed_step_removes_the_new_venv_and_leaves_current(lay, src, fail_on, code):
     good = plan(lay, src, "spark")
-    venvs.build_venv(good, run=FakeRunner(has=("patches", "kernels")), log=lambda s: None)
+    venvs.build_venv(good, run=FakeRunner(), log=lambda s: None)
     versions.switch_to(lay, good.venv_id)
     before = snapshot(lay.opt_dir)
     (src / "gptoss_spark" / "mod.py").write_text("x = 2\n")
     bad = plan(lay, src, "spark")
     with pytest.raises(InstallError) as e:
-        venvs.build_venv(bad, run=FakeRunner(fail_on=fail_on, has=("patches", "kernels")), log=lambda s: None)
+        venvs.build_venv(bad, run=FakeRunner(fail_on=fail_on), log=lambda s: None)
     assert e.value.exit_code == code
     assert not bad.venv.exists()
     assert snapshot(lay.opt_dir) == before
