@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exit_codes import EXIT_LAN, EXIT_USAGE
+from .dropins import links
 from .layout import InstallError, Layout
 from .placement import Placed, _toml_value, _write_atomic, render_config, set_toml_keys
 
@@ -111,20 +112,6 @@ def check_flags(f: RoleFlags) -> None:
 
 
 # ------------------------------------------------------------ this node's link address
-
-def links(addr_json: str) -> list[tuple[str, str, str]]:
-    """(interface, address, network) of each non-loopback address in `ip -json addr` output."""
-    out = []
-    for link in json.loads(addr_json or "[]"):
-        for a in link.get("addr_info", []):
-            try:
-                iface = ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}")
-            except (KeyError, ValueError):
-                continue
-            if not iface.ip.is_loopback:
-                out.append((link.get("ifname", ""), str(iface.ip), str(iface.network)))
-    return out
-
 
 def resolve(f: RoleFlags, addr_json: str) -> Cluster:
     """The [cluster] setting for head/worker flags: this node's address and interface from the flags,

@@ -77,8 +77,8 @@ def bound_hosts(config_file: Path) -> list[str]:
     return [data.get(s, {}).get("host", "127.0.0.1") for s in ("engine", "admin")]
 
 
-def host_networks(addr_json: str) -> list[tuple[str, str]]:
-    """(address, network) of every non-loopback address in `ip -json addr` output."""
+def links(addr_json: str) -> list[tuple[str, str, str]]:
+    """(interface, address, network) of each non-loopback address in `ip -json addr` output."""
     out = []
     for link in json.loads(addr_json or "[]"):
         for a in link.get("addr_info", []):
@@ -87,8 +87,13 @@ def host_networks(addr_json: str) -> list[tuple[str, str]]:
             except (KeyError, ValueError):
                 continue
             if not iface.ip.is_loopback:
-                out.append((str(iface.ip), str(iface.network)))
+                out.append((link.get("ifname", ""), str(iface.ip), str(iface.network)))
     return out
+
+
+def host_networks(addr_json: str) -> list[tuple[str, str]]:
+    """(address, network) of every non-loopback address in `ip -json addr` output."""
+    return [(address, network) for _, address, network in links(addr_json)]
 
 
 def lan_allow(hosts: list[str], networks: list[tuple[str, str]]) -> list[str]:
