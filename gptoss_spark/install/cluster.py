@@ -15,7 +15,6 @@ Stdlib only, like the rest of install/: the service's pydantic model
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 import tomllib
 from dataclasses import dataclass
