@@ -32,10 +32,10 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels import mxfp4  # noqa: E402
 from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, fused_moe_decode, launch_plan  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E402
+from gptoss_spark.mxfp4 import dequantize_mxfp4  # noqa: E402
 
 # One layer's shapes, timing, roofline and random layers: the same as `gptoss-spark kernels bench`.
 from gptoss_spark.kernels.benchmark import (  # noqa: E402
@@ -130,8 +130,8 @@ def describe(cfg):
 
 # ---------------------------------------------------------------- baselines
 def dequant_experts_bf16(layer, experts):
-    w13 = torch.stack([mxfp4.dequantize(layer.w13[e], layer.s13[e]) for e in experts])
-    w2 = torch.stack([mxfp4.dequantize(layer.w2[e], layer.s2[e]) for e in experts])
+    w13 = torch.stack([dequantize_mxfp4(layer.w13[e], layer.s13[e], torch.bfloat16) for e in experts])
+    w2 = torch.stack([dequantize_mxfp4(layer.w2[e], layer.s2[e], torch.bfloat16) for e in experts])
     return w13, w2
 
 
@@ -166,8 +166,8 @@ def time_torch_dequant(layers, expert_lists):
     def call(lay, ex):
         def f():
             for e in ex:
-                torch.nn.functional.linear(xe, mxfp4.dequantize(lay.w13[e], lay.s13[e]))
-                torch.nn.functional.linear(he, mxfp4.dequantize(lay.w2[e], lay.s2[e]))
+                torch.nn.functional.linear(xe, dequantize_mxfp4(lay.w13[e], lay.s13[e], torch.bfloat16))
+                torch.nn.functional.linear(he, dequantize_mxfp4(lay.w2[e], lay.s2[e], torch.bfloat16))
         return f
     return graph_ms([call(lay, ex) for lay, ex in zip(layers, expert_lists)], rep=100) * 1e3 / len(layers)
 

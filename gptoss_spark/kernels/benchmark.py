@@ -32,7 +32,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from . import mxfp4
+from ..mxfp4 import dequantize_mxfp4
 from .bench_args import DEFAULT_TOKENS, add_bench_arguments
 from .mxfp4_layout import SwizzledExperts, mma_layout_for
 from .ops import moe_block_any
@@ -145,8 +145,8 @@ class CublasExperts:
         self.work = []
         for e in ids.unique().tolist():
             rows = (ids == e).any(dim=-1).nonzero().flatten()
-            w13 = mxfp4.dequantize(layer.w13[e], layer.s13[e])
-            w2 = mxfp4.dequantize(layer.w2[e], layer.s2[e])
+            w13 = dequantize_mxfp4(layer.w13[e], layer.s13[e], torch.bfloat16)
+            w2 = dequantize_mxfp4(layer.w2[e], layer.s2[e], torch.bfloat16)
             h = torch.randn(rows.numel(), I, device=DEV).bfloat16()
             self.work.append((rows, w13, w2, h))
 

@@ -28,7 +28,7 @@ H = I = 2880
 
 
 def make_block(e, m, top_k=4, bias=True, seed=0):
-    from gptoss_spark.kernels import mxfp4
+    from gptoss_spark import mxfp4
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(m, H, device="cuda", generator=g).bfloat16()
     rw = (torch.randn(e, H, device="cuda", generator=g) * 0.05).bfloat16()
