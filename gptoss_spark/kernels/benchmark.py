@@ -34,6 +34,7 @@ from triton.testing import do_bench
 
 from ..mxfp4 import dequantize_mxfp4
 from .bench_args import DEFAULT_TOKENS, add_bench_arguments
+from .moe import DecodeLaunches, MoeLaunchConfig
 from .mxfp4_layout import SwizzledExperts, mma_layout_for
 from .ops import moe_block_any
 
@@ -128,6 +129,21 @@ def layer_bytes(distinct: float) -> float:
 
 def rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def decode_stages(x: torch.Tensor, layer: Layer, config: MoeLaunchConfig, stages: int = 3,
+                  router: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor | None:
+    """The first `stages` launches of one decode layer with config (1: router, 2: + gate_up,
+    3: + down, returning the output), on this device's layout; router = (weight, bias) in place of
+    the layer's. bench_moe.py times them cumulatively to see where a layer's time goes, and sweeps
+    configs through this; production calls moe.fused_moe_decode, which runs all three on the
+    defaults."""
+    rw, rb = router if router is not None else (layer.rw, layer.rb)
+    call = DecodeLaunches(x, rw, rb, *layer.experts(), TOPK, config)
+    call.router()
+    if stages >= 2:
+        call.gate_up()
+    return call.down() if stages >= 3 else None
 
 
 def ours(layer: Layer) -> Callable[[torch.Tensor], torch.Tensor]:
