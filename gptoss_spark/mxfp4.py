@@ -1,10 +1,25 @@
-"""MXFP4 weight quantizer (OCP MX: e2m1 values, one E8M0 scale per 32 along K), plain torch.
+"""MXFP4 (OCP MX: e2m1 values, one E8M0 scale per 32 along K) in plain torch: the repo's one quantizer.
 
-This is the reference for what the lm_head patch (patches/vllm/02-*) produces on
-the GPU through vLLM's own ``mxfp4_quantize`` (its Triton ``downcast_to_mxfp``,
-the same quantizer vLLM's online MXFP4 linear path uses for qkv/o): the tests
-check that both give the same bytes. It runs anywhere torch runs (CPU in CI) and
-is used by the lm_head quality benchmark (benchmarks/lm_head_quality/).
+Every user quantizes and dequantizes here: the demo model's experts (install/demo_model.py),
+the kernels' torch reference and baselines (kernels/reference.py, kernels/benchmark.py,
+benchmarks/kernels/), the lm_head quality benchmark (benchmarks/lm_head_quality/) and the tests.
+It runs anywhere torch runs (CPU in CI).
+
+Why this rule: it is bit-exact with vLLM 0.32.0's ``downcast_to_mxfp``
+(model_executor/layers/quantization/utils/mxfp4_utils.py), the quantizer behind vLLM's
+``mxfp4_quantize``: what the lm_head patch (patches/vllm/02-*) and vLLM's online MXFP4
+linears (qkv/o, an online-quantized drafter) run on the GPU. The gpt-oss checkpoints ship
+their experts already quantized (``*_blocks``/``*_scales``) and vLLM loads those bytes as
+they are, so vLLM's quantizer is the only one the served engine ever runs; matching it byte
+for byte means a model quantized here (the demo model) holds what vLLM itself would make,
+and the tests check both give the same bytes (tests/unit/test_mxfp4_upstream.py runs vLLM's
+kernel under Triton's interpreter). The other common rule, a scale of 2**ceil(log2(amax / 6))
+so that the block max never saturates (the default of OpenAI's triton_kernels
+``downcast_to_mxfp``, which the repo's kernel tests used to quantize with), picks a
+scale twice as large whenever amax's mantissa lies in (1.5, 1.75) (22 to 28 % of the
+blocks of Gaussian and Student-t weights at 4096 x 2880), which costs 6-8 % more weight
+error (docs/PATCHES.md, "lm_head quality under MXFP4"); the old test helper also rounded
+value ties toward zero.
 
 Layout (what ``prepare_fp4_layer_for_marlin`` in vLLM 0.32.0 takes, and the
 gpt-oss checkpoint's ``*_blocks``/``*_scales`` flattened):
@@ -13,6 +28,7 @@ gpt-oss checkpoint's ``*_blocks``/``*_scales`` flattened):
                                nibbles 0..7 of int32 j (GPTQ order, the input of
                                ``gptq_marlin_repack`` after its ``.T``)
   scales  uint8 [..., N, K/32] E8M0: the block's scale is 2**(byte - 127)
+The Triton kernels read a repack of it (kernels/mxfp4_layout.py), not these tensors.
 
 Rules (bit-exact with vLLM 0.32.0's ``downcast_to_mxfp``):
   scale   amax = max |x| over the 32 values. Round amax to e2m1 precision first (to the
@@ -42,6 +58,16 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7; code | 8 is 
 # 0.25 -> 0 (down), 0.75 -> 1.0 (up), 1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0.
 _THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 DEFAULT_CHUNK_ROWS = 4096  # bounds the fp32 temporaries: 4096 x 2880 x 4 B = 47 MB each
+
+_LUTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _lut(device: torch.device) -> torch.Tensor:
+    """Code -> value, float32 [16]. Cached per device: dequantizing inside a CUDA-graph capture
+    (the benchmarks' torch baseline) must not copy a new table from the host."""
+    if device not in _LUTS:
+        _LUTS[device] = torch.tensor(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=torch.float32, device=device)
+    return _LUTS[device]
 
 
 def _check(w: torch.Tensor) -> None:
@@ -119,7 +145,7 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     if scales.shape[:-1] != packed.shape[:-1] or scales.shape[-1] * BLOCK != k:
         raise ValueError(f"packed {tuple(packed.shape)} and scales {tuple(scales.shape)} do not describe one "
                          f"[..., N, K] matrix (need scales [..., N, K/32] for packed [..., N, K/2])")
-    lut = torch.tensor(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=torch.float32, device=packed.device)
+    lut = _lut(packed.device)
     p_rows = packed.reshape(-1, k // 2)
     s_rows = scales.reshape(-1, k // BLOCK)
     out = torch.empty((p_rows.shape[0], k), dtype=dtype, device=packed.device)
@@ -129,3 +155,14 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
         e = s_rows[start:start + chunk_rows].to(torch.int32) - E8M0_BIAS
         out[start:start + chunk_rows] = (vals * pow2(e).unsqueeze(-1)).reshape(p.shape[0], k).to(dtype)
     return out.reshape(*packed.shape[:-1], k)
+
+
+def random_mxfp4(shape_nk: tuple[int, ...], *, device="cpu", generator=None,
+                 scale_exp: tuple[int, int] = (118, 124)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random packed [..., N, K/2] and scales [..., N, K/32] for tests and benchmarks: every code
+    drawn, scale bytes in scale_exp (inclusive; the default gives |w| ~ 1e-2, gpt-oss's magnitude)."""
+    *lead, n, k = shape_nk
+    packed = torch.randint(0, 256, (*lead, n, k // 2), dtype=torch.uint8, device=device, generator=generator)
+    scales = torch.randint(scale_exp[0], scale_exp[1] + 1, (*lead, n, k // BLOCK),
+                           dtype=torch.uint8, device=device, generator=generator)
+    return packed, scales

@@ -32,14 +32,14 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels import mxfp4  # noqa: E402
-from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, fused_moe_decode, launch_plan  # noqa: E402
+from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, launch_plan  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E402
+from gptoss_spark.mxfp4 import dequantize_mxfp4  # noqa: E402
 
 # One layer's shapes, timing, roofline and random layers: the same as `gptoss-spark kernels bench`.
 from gptoss_spark.kernels.benchmark import (  # noqa: E402
-    BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, graph_ms, roofline, routed)
+    BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, decode_stages, graph_ms, roofline, routed)
 
 
 def forced_router(m, d, e=E, h=H, seed=0):
@@ -62,16 +62,15 @@ def distinct_experts(x, layer):
 
 
 # ---------------------------------------------------------------- MoE layer timing
-def time_moe(layers, xs, cfg, routers=None, launches=3):
+def time_moe(layers, xs, cfg, routers=None, stages=3):
     """Per-layer time (us) of the fused path over len(layers) distinct layers in one graph.
 
-    launches < 3 times only the first 1 (router) or 2 (router, gate_up) launches.
+    stages < 3 times only the first 1 (router) or 2 (router, gate_up) launches (decode_stages).
     """
 
     def call(li):
-        lay = layers[li]
-        rw, rb = (routers[li][0], routers[li][1]) if routers else (lay.rw, lay.rb)
-        return lambda: fused_moe_decode(xs[li], rw, rb, *lay.experts(), TOPK, cfg, launches=launches)
+        router = (routers[li][0], routers[li][1]) if routers else None
+        return lambda: decode_stages(xs[li], layers[li], cfg, stages, router)
     calls = [call(li) for li in range(len(layers))]
     return graph_ms(calls) * 1e3 / len(layers)
 
@@ -82,7 +81,7 @@ def check_config(layer, cfg, ms=(1, 2, 4, 8)):
     errs = []
     for m in ms:
         x = torch.randn(m, H, device=DEV).bfloat16()
-        out = fused_moe_decode(x, layer.rw, layer.rb, *layer.experts(), TOPK, cfg)
+        out = decode_stages(x, layer, cfg)
         ref = reference.moe_block_ref(x, *layer.args(), TOPK)
         errs.append(((out.float() - ref.float()).norm() / ref.float().norm()).item())
     return max(errs)
@@ -130,8 +129,8 @@ def describe(cfg):
 
 # ---------------------------------------------------------------- baselines
 def dequant_experts_bf16(layer, experts):
-    w13 = torch.stack([mxfp4.dequantize(layer.w13[e], layer.s13[e]) for e in experts])
-    w2 = torch.stack([mxfp4.dequantize(layer.w2[e], layer.s2[e]) for e in experts])
+    w13 = torch.stack([dequantize_mxfp4(layer.w13[e], layer.s13[e], torch.bfloat16) for e in experts])
+    w2 = torch.stack([dequantize_mxfp4(layer.w2[e], layer.s2[e], torch.bfloat16) for e in experts])
     return w13, w2
 
 
@@ -166,8 +165,8 @@ def time_torch_dequant(layers, expert_lists):
     def call(lay, ex):
         def f():
             for e in ex:
-                torch.nn.functional.linear(xe, mxfp4.dequantize(lay.w13[e], lay.s13[e]))
-                torch.nn.functional.linear(he, mxfp4.dequantize(lay.w2[e], lay.s2[e]))
+                torch.nn.functional.linear(xe, dequantize_mxfp4(lay.w13[e], lay.s13[e], torch.bfloat16))
+                torch.nn.functional.linear(he, dequantize_mxfp4(lay.w2[e], lay.s2[e], torch.bfloat16))
         return f
     return graph_ms([call(lay, ex) for lay, ex in zip(layers, expert_lists)], rep=100) * 1e3 / len(layers)
 
@@ -257,7 +256,7 @@ def main():
     # where the time of one layer goes at one token: the launches timed cumulatively
     log("## stages at M = 1 (natural routing): cumulative us per layer")
     xs1 = [torch.randn(1, H, device=DEV).bfloat16() for _ in layers]
-    stages = {n: time_moe(layers, xs1, cfg, launches=n) for n in (1, 2, 3)}
+    stages = {n: time_moe(layers, xs1, cfg, stages=n) for n in (1, 2, 3)}
     res["stages_M1_us"] = stages
     log(f"  router + top-k {stages[1]:.1f} | + gate_up {stages[2]:.1f} (gate_up {stages[2] - stages[1]:.1f}) | "
         f"+ down {stages[3]:.1f} (down {stages[3] - stages[2]:.1f})")

@@ -12,7 +12,7 @@ Modules (one job per file; docs/KERNELS.md has the design and the numbers):
   mxfp4_decode.py   MXFP4 tile -> bf16 tensor-core operand (inline PTX / portable)
   moe.py            the three launches of one layer
   ops.py            torch.library custom ops (import registers them); moe_block picks decode or prefill
-  reference.py      torch reference of the gpt-oss MoE block; mxfp4.py MXFP4 helpers
+  reference.py      torch reference of the gpt-oss MoE block (MXFP4 from gptoss_spark/mxfp4.py)
   variants.py, aot.py, cli.py   ahead-of-time build (`gptoss-spark kernels build`)
   vllm_plugin.py    vLLM general plugin, active when GPTOSS_SPARK_MOE=triton
 

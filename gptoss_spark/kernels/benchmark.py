@@ -32,8 +32,9 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from . import mxfp4
+from ..mxfp4 import dequantize_mxfp4
 from .bench_args import DEFAULT_TOKENS, add_bench_arguments
+from .moe import DecodeLaunches, MoeLaunchConfig
 from .mxfp4_layout import SwizzledExperts, mma_layout_for
 from .ops import moe_block_any
 
@@ -130,6 +131,21 @@ def rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def decode_stages(x: torch.Tensor, layer: Layer, config: MoeLaunchConfig, stages: int = 3,
+                  router: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor | None:
+    """The first `stages` launches of one decode layer with config (1: router, 2: + gate_up,
+    3: + down, returning the output), on this device's layout; router = (weight, bias) in place of
+    the layer's. bench_moe.py times them cumulatively to see where a layer's time goes, and sweeps
+    configs through this; production calls moe.fused_moe_decode, which runs all three on the
+    defaults."""
+    rw, rb = router if router is not None else (layer.rw, layer.rb)
+    call = DecodeLaunches(x, rw, rb, *layer.experts(), TOPK, config)
+    call.router()
+    if stages >= 2:
+        call.gate_up()
+    return call.down() if stages >= 3 else None
+
+
 def ours(layer: Layer) -> Callable[[torch.Tensor], torch.Tensor]:
     ex = layer.experts()
     return lambda x: moe_block_any(x, layer.rw, layer.rb, *ex, TOPK)
@@ -145,8 +161,8 @@ class CublasExperts:
         self.work = []
         for e in ids.unique().tolist():
             rows = (ids == e).any(dim=-1).nonzero().flatten()
-            w13 = mxfp4.dequantize(layer.w13[e], layer.s13[e])
-            w2 = mxfp4.dequantize(layer.w2[e], layer.s2[e])
+            w13 = dequantize_mxfp4(layer.w13[e], layer.s13[e], torch.bfloat16)
+            w2 = dequantize_mxfp4(layer.w2[e], layer.s2[e], torch.bfloat16)
             h = torch.randn(rows.numel(), I, device=DEV).bfloat16()
             self.work.append((rows, w13, w2, h))
 

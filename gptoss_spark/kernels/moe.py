@@ -25,7 +25,7 @@ from .moe_gate_up import moe_gate_up_kernel
 from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
 from .pdl import pdl_launch
 from .runtime import interpreting
-from .router_logits import m_pad_for, router_logits_partial, topk_rows_for
+from .router_logits import k_split, m_pad_for, router_logits_partial, topk_rows_for
 
 MAX_DECODE_TOKENS = 32
 
@@ -230,61 +230,96 @@ def check_shapes(x, router_w, w13, s13, w2, s2, top_k: int) -> tuple[int, int, i
     return m, h, e, i
 
 
+class DecodeLaunches:
+    """One call of the decode MoE for 1..32 tokens as its three launches, run in order:
+    router(), gate_up(), down() -> [M, H] bf16 (the module docstring says what each does).
+
+    fused_moe_decode runs all three with DEFAULT_CONFIG on this device's layout version. The
+    benchmark composes them itself to time the stages (benchmark.decode_stages) and to sweep
+    launch configs; the tests pick the config and the layout (`mma`: the interpreter has no
+    device to ask) and read the routing the kernels wrote, `ids` [M, top_k] int32 and `weights`
+    [M, top_k] fp32, after the launch that writes it (the router's last program, or gate_up's
+    programs when the plan puts the top-k there).
+    """
+
+    def __init__(self, x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
+                 w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
+                 w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
+                 top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int | None = None):
+        self.m, self.h, self.e, self.i = m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
+        self.x = x = x.contiguous()
+        self.router_w, self.router_b = router_w, router_b
+        self.w13, self.s13, self.b13, self.w2, self.s2, self.b2 = w13, s13, b13, w2, s2, b2
+        self.top_k, self.config = top_k, config
+        self.dev = dev = x.device
+        interp = interpreting()
+        decode = 1 if interp else config.decode  # no PTX in the interpreter
+        self.mma = mma = layout_version(dev) if mma is None else mma
+        self.plan = plan = launch_plan(m, top_k, config, mma)
+        self.pdl = config.pdl and not interp  # (griddepcontrol is PTX: not in the interpreter)
+        # gate_up sums the router's partial logits: as many as router_logits_partial splits K into.
+        router_splits = k_split(h, config.router_split_k, config.router_block_k)[1]
+        self.gate_up_kw, self.down_kw = expert_launch_kwargs(plan, config, h, i, e, top_k, b13 is not None,
+                                                             b2 is not None, mma, decode, interp, self.pdl,
+                                                             router_splits)
+        self.h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
+        self.ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
+        self.weights = torch.empty((m, top_k), dtype=torch.float32, device=dev)
+        # down reads its first slot early
+        self.experts = torch.empty((max(e, config.down_split),), dtype=torch.int32, device=dev)
+        self.n_experts = torch.empty((1,), dtype=torch.int32, device=dev)
+        self.logits: torch.Tensor | None = None
+
+    def router(self) -> None:
+        """Launch 1: the router's partial logits; with the top-k in the router, also ids and weights."""
+        routing = None if self.plan.topk_in_gate_up else (self.ids, self.weights, self.experts, self.n_experts,
+                                                          _counters(self.dev)[ROUTER_COUNTER:])
+        self.logits = router_logits_partial(self.x, self.router_w, self.router_b, routing=routing, top_k=self.top_k,
+                                            pdl=self.pdl, **router_options(self.plan, self.config))
+
+    def gate_up(self) -> None:
+        """Launch 2: h = SwiGLU(x @ W13^T + b13) per selected expert (after router())."""
+        x, b13 = self.x, self.b13
+        dummy = x  # stands in for absent biases and unused buffers; never read
+        slots = min(self.e, self.m * self.top_k)
+        moe_gate_up_kernel[(self.i // (32 if self.plan.gate_up_half_rows else 64), slots)](
+            x, self.w13, self.s13, b13 if b13 is not None else dummy,
+            self.h_buf, self.ids, self.experts, self.n_experts, self.logits, self.weights,
+            self.m, x.stride(0), self.e, **self.gate_up_kw)
+
+    def down(self) -> torch.Tensor:
+        """Launch 3: y = sum over the picks of weight * (h @ W2^T + b2) -> [M, H] bf16 (after gate_up())."""
+        m, h, dev, b2 = self.m, self.h, self.dev, self.b2
+        out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
+        split = self.config.down_split
+        # Unused buffers get stand-ins of their own dtype: a pointer's dtype is part of the compiled
+        # variant, and the AOT build declares them so (aot.variant_jobs).
+        if split == 1:
+            partial_out = out
+        elif self.plan.down_counted:
+            partial_out = self.weights  # fp32, never touched by the counted sums
+        else:
+            partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev)
+        moe_down_kernel[(h // 64, split)](
+            self.h_buf, self.ids, self.weights, self.experts, self.n_experts,
+            self.w2, self.s2, b2 if b2 is not None else self.x, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
+            _sums(dev, h), m, out.stride(0), **self.down_kw)
+        return out
+
+    def run(self) -> torch.Tensor:
+        """All three launches: the block's output [M, H] bf16."""
+        self.router()
+        self.gate_up()
+        return self.down()
+
+
 def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
                      w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
-                     w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                     top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG,
-                     return_routing: bool = False, mma: int | None = None, launches: int = 3):
+                     w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
     """gpt-oss MoE block for 1..32 decode tokens: x [M, H] bf16 -> [M, H] bf16 (see reference.moe_block_ref).
 
     Experts in the kernels' layout: w13/s13/b13/w2/s2/b2 as in mxfp4_layout.SwizzledExperts,
-    repacked for this device's layout version (mma_layout_for; `mma` overrides it, for tests).
-    launches < 3 stops after the router (1) or gate_up (2) and returns None: the benchmark
-    times the stages so.
+    repacked for this device's layout version (mma_layout_for). What the custom ops (ops.py),
+    and so the vLLM plugin, call; DecodeLaunches has the stages one by one.
     """
-    m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
-    x = x.contiguous()
-    dev = x.device
-    cfg = config
-    interp = interpreting()
-    decode = 1 if interp else cfg.decode  # no PTX in the interpreter
-    mma = layout_version(dev) if mma is None else mma
-    plan = launch_plan(m, top_k, cfg, mma)
-    pdl = cfg.pdl and not interp  # (griddepcontrol is PTX: not in the interpreter)
-    h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
-    ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
-    weights = torch.empty((m, top_k), dtype=torch.float32, device=dev)
-    experts = torch.empty((max(e, cfg.down_split),), dtype=torch.int32, device=dev)  # down reads its first slot early
-    n_experts = torch.empty((1,), dtype=torch.int32, device=dev)
-    routing = None if plan.topk_in_gate_up else (ids, weights, experts, n_experts, _counters(dev)[ROUTER_COUNTER:])
-    logits = router_logits_partial(x, router_w, router_b, routing=routing, top_k=top_k, pdl=pdl,
-                                   **router_options(plan, cfg))
-    if launches < 2:
-        return None
-    dummy = x  # stands in for absent biases and unused buffers; never read
-    gate_up_kw, down_kw = expert_launch_kwargs(plan, cfg, h, i, e, top_k, b13 is not None, b2 is not None, mma,
-                                               decode, interp, pdl, logits.shape[0])
-    slots = min(e, m * top_k)
-    moe_gate_up_kernel[(i // (32 if plan.gate_up_half_rows else 64), slots)](
-        x, w13, s13, b13 if b13 is not None else dummy,
-        h_buf, ids, experts, n_experts, logits, weights,
-        m, x.stride(0), e, **gate_up_kw)
-    if launches < 3:
-        return None
-    out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
-    split = cfg.down_split
-    # Unused buffers get stand-ins of their own dtype: a pointer's dtype is part of the compiled
-    # variant, and the AOT build declares them so (aot.variant_jobs).
-    if split == 1:
-        partial_out = out
-    elif plan.down_counted:
-        partial_out = weights  # fp32, never touched by the counted sums
-    else:
-        partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev)
-    moe_down_kernel[(h // 64, split)](
-        h_buf, ids, weights, experts, n_experts,
-        w2, s2, b2 if b2 is not None else dummy, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
-        _sums(dev, h), m, out.stride(0), **down_kw)
-    if return_routing:
-        return out, ids, weights
-    return out
+    return DecodeLaunches(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k).run()

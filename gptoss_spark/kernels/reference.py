@@ -5,8 +5,8 @@ Semantics follow the gpt-oss model as vLLM and transformers run it:
   gate_up = x @ W13_e^T + b13_e  with rows interleaved: row 2j is gate j, row 2j+1 is up j;
   gate = min(gate, 7.0); up = clamp(up, -7.0, 7.0); h = (up + 1) * gate * sigmoid(1.702 * gate);
   y = sum_k weight_k * (h_k @ W2_e^T + b2_e).
-Experts are dequantized from MXFP4 to bf16 (exact) and multiplied with bf16
-operands and fp32 accumulation, as the tensor cores do; h is rounded to bf16
+Experts are dequantized from MXFP4 exactly (gptoss_spark.mxfp4; every value is a bf16) and
+multiplied with bf16 operands and fp32 accumulation, as the tensor cores do; h is rounded to bf16
 between the two GEMMs, as in the kernels and in vLLM. The router is computed in fp32 so the reference's top-k does
 not flip on bf16 rounding ties.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .mxfp4 import dequantize
+from ..mxfp4 import dequantize_mxfp4
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -42,11 +42,11 @@ def experts_ref(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2) -> torch.T
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
     for e in topk_ids.unique().tolist():
         rows, slots = (topk_ids == e).nonzero(as_tuple=True)
-        gate_up = x[rows].float() @ dequantize(w13[e], s13[e]).float().T
+        gate_up = x[rows].float() @ dequantize_mxfp4(w13[e], s13[e]).T
         if b13 is not None:
             gate_up = gate_up + b13[e].float()
         h = swiglu_ref(gate_up).to(torch.bfloat16)  # the kernels keep h in bf16 too
-        y = h.float() @ dequantize(w2[e], s2[e]).float().T
+        y = h.float() @ dequantize_mxfp4(w2[e], s2[e]).T
         if b2 is not None:
             y = y + b2[e].float()
         out.index_add_(0, rows, y * topk_weights[rows, slots, None].float())

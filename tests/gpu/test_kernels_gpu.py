@@ -28,7 +28,7 @@ H = I = 2880
 
 
 def make_block(e, m, top_k=4, bias=True, seed=0):
-    from gptoss_spark.kernels import mxfp4
+    from gptoss_spark import mxfp4
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(m, H, device="cuda", generator=g).bfloat16()
     rw = (torch.randn(e, H, device="cuda", generator=g) * 0.05).bfloat16()
@@ -57,9 +57,10 @@ def rel_err(a, b):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_moe_decode_matches_reference(experts, m, bias):
     from gptoss_spark.kernels import reference
-    from gptoss_spark.kernels.moe import fused_moe_decode
+    from gptoss_spark.kernels.moe import DecodeLaunches
     args = make_block(experts, m, bias=bias, seed=m + experts)
-    out, ids, weights = fused_moe_decode(*kernel_args(args), 4, return_routing=True)
+    call = DecodeLaunches(*kernel_args(args), 4)
+    out, ids, weights = call.run(), call.ids, call.weights
     ref_ids, ref_w = reference.topk_softmax_ref(reference.router_logits_ref(args[0], args[1], args[2]), 4)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_w, rtol=1e-4, atol=1e-5)
@@ -197,9 +198,9 @@ def test_decode_variants_match_reference(decode, m):
     from dataclasses import replace
 
     from gptoss_spark.kernels import reference
-    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
+    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, DecodeLaunches
     args = make_block(128, m, seed=100 + m)
-    out = fused_moe_decode(*kernel_args(args), 4, replace(DEFAULT_CONFIG, decode=decode))
+    out = DecodeLaunches(*kernel_args(args), 4, replace(DEFAULT_CONFIG, decode=decode)).run()
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 
@@ -212,9 +213,9 @@ def test_launch_plan_options_match_reference(m, change):
     from dataclasses import replace
 
     from gptoss_spark.kernels import reference
-    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
+    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, DecodeLaunches
     args = make_block(128, m, seed=300 + m)
-    out = fused_moe_decode(*kernel_args(args), 4, replace(DEFAULT_CONFIG, **change))
+    out = DecodeLaunches(*kernel_args(args), 4, replace(DEFAULT_CONFIG, **change)).run()
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 
@@ -246,14 +247,14 @@ def test_pdl_layers_chained_in_a_cuda_graph():
     from dataclasses import replace
 
     from gptoss_spark.kernels import reference
-    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, fused_moe_decode
+    from gptoss_spark.kernels.moe import DEFAULT_CONFIG, DecodeLaunches
     cfg = replace(DEFAULT_CONFIG, pdl=True)
     blocks = [make_block(128, 1, seed=500 + i) for i in range(2)]
     weights = [kernel_args(b)[1:] for b in blocks]
     static_x = blocks[0][0].clone()
 
     def two_layers():
-        return fused_moe_decode(fused_moe_decode(static_x, *weights[0], 4, cfg), *weights[1], 4, cfg)
+        return DecodeLaunches(DecodeLaunches(static_x, *weights[0], 4, cfg).run(), *weights[1], 4, cfg).run()
 
     g, static_out = capture_graph(two_layers)
     for seed in (1, 2, 3):

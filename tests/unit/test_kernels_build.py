@@ -217,7 +217,8 @@ def test_plugin_refuses_another_vllm_version():
 def test_plugin_repacks_a_layer_into_the_kernels_layout():
     """process_weights_after_loading's repack: parameters replaced, the checkpoint bytes recoverable."""
     torch = pytest.importorskip("torch")
-    from gptoss_spark.kernels import mxfp4, mxfp4_layout
+    from gptoss_spark import mxfp4
+    from gptoss_spark.kernels import mxfp4_layout
     g = torch.Generator().manual_seed(0)
     e, h, i = 2, 128, 64
     w13, s13 = mxfp4.random_mxfp4((e, 2 * i, h), generator=g, scale_exp=(120, 126))

@@ -43,7 +43,8 @@ if not IN_CHILD:
 @pytest.fixture(scope="module")
 def k():
     mods = {n: importlib.import_module(f"gptoss_spark.kernels.{n}")
-            for n in ("moe", "moe_prefill", "prefill_routing", "reference", "mxfp4", "mxfp4_layout", "router_logits", "ops")}
+            for n in ("moe", "moe_prefill", "prefill_routing", "reference", "mxfp4_layout", "router_logits", "ops")}
+    mods["mxfp4"] = importlib.import_module("gptoss_spark.mxfp4")
     return type("Kernels", (), mods)
 
 
@@ -74,6 +75,13 @@ def small_config(k, split, c=1):
     return k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=c, down_c=c, down_split=split)
 
 
+def decode(k, kargs, top_k, cfg, mma):
+    """The decode kernels' three launches on a chosen config and layout (moe.DecodeLaunches):
+    (output, the routing they wrote: ids, weights)."""
+    call = k.moe.DecodeLaunches(*kargs, top_k, cfg, mma=mma)
+    return call.run(), call.ids, call.weights
+
+
 def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -91,8 +99,7 @@ GRID = [  # (tokens, experts, top_k, bias, down_split)
 @pytest.mark.parametrize("m,e,top_k,bias,split", GRID)
 def test_fused_moe_matches_reference(k, m, e, top_k, bias, split):
     args = make_block(k, e, m, bias, seed=m * 1000 + e)
-    out, ids, weights = k.moe.fused_moe_decode(*kernel_args(k, args), top_k, small_config(k, split),
-                                               return_routing=True, mma=3)
+    out, ids, weights = decode(k, kernel_args(k, args), top_k, small_config(k, split), mma=3)
     ref_ids, ref_w = k.reference.topk_softmax_ref(k.reference.router_logits_ref(args[0], args[1], args[2]), top_k)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
@@ -105,7 +112,7 @@ def test_fused_moe_matches_reference(k, m, e, top_k, bias, split):
 def test_k_loop_tail_and_both_layouts(k, mma):
     """K = 192: one loop iteration of C = 2 blocks plus a tail block; layout 3 (wgmma) and 2 (mma.sync)."""
     args = make_block(k, 8, 3, True, seed=11 + mma, h=192, i=192)
-    out = k.moe.fused_moe_decode(*kernel_args(k, args, mma), 2, small_config(k, 2, c=2), mma=mma)
+    out, _, _ = decode(k, kernel_args(k, args, mma), 2, small_config(k, 2, c=2), mma=mma)
     assert rel_err(out, k.reference.moe_block_ref(*args, 2)) < INTERPRETER_TOL
 
 
@@ -121,7 +128,7 @@ def test_few_token_plans(k, m, top_k, half_rows_max, down_parts, mma):
     plan = k.moe.launch_plan(m, top_k, cfg)
     assert (plan.gate_up_half_rows, plan.down_k_parts) == (m <= half_rows_max, down_parts)
     args = make_block(k, 8, m, True, seed=21 + top_k + mma + 10 * m, h=192, i=192)
-    out = k.moe.fused_moe_decode(*kernel_args(k, args, mma), top_k, cfg, mma=mma)
+    out, _, _ = decode(k, kernel_args(k, args, mma), top_k, cfg, mma=mma)
     assert rel_err(out, k.reference.moe_block_ref(*args, top_k)) < INTERPRETER_TOL
 
 
@@ -143,7 +150,7 @@ def test_topk_rows_route_like_the_reference(k, m, min_rows):
     cfg = k.moe.MoeLaunchConfig(router_split_k=2, router_block_k=32, gate_up_c=1, down_c=1, down_split=1,
                                 router_topk_min_rows=min_rows)
     assert k.moe.launch_plan(m, 4, cfg).topk_rows == max(min_rows, 1 << (m - 1).bit_length())
-    _, ids, weights = k.moe.fused_moe_decode(*kernel_args(k, (x, rw, rb, *rest)), 4, cfg, return_routing=True, mma=3)
+    _, ids, weights = decode(k, kernel_args(k, (x, rw, rb, *rest)), 4, cfg, mma=3)
     logits = k.reference.router_logits_ref(x, rw, rb)
     # torch.topk leaves the order of ties open; a stable sort puts the lower index first
     values, order = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
@@ -170,13 +177,27 @@ def test_topk_in_gate_up_matches_topk_in_router(k, m, min_rows, mma):
                                     slots_by_pick=by_pick)
         plan = k.moe.launch_plan(m, 4, cfg, mma)
         assert (plan.topk_in_gate_up, plan.slots_by_pick) == (route_max > 0, route_max > 0 and by_pick and m == 1)
-        results.append(k.moe.fused_moe_decode(*kargs, 4, cfg, return_routing=True, mma=mma))
+        results.append(decode(k, kargs, 4, cfg, mma=mma))
     (out_g, ids_g, w_g), *others = results
     for out_r, ids_r, w_r in others:
         assert torch.equal(ids_g, ids_r) and torch.equal(w_g, w_r) and torch.equal(out_g, out_r)
     ref_ids, _ = k.reference.topk_softmax_ref(k.reference.router_logits_ref(*args[:3]), 4)
     assert torch.equal(ids_g, ref_ids)
     assert rel_err(out_g, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL
+
+
+@child_only
+@pytest.mark.parametrize("m", [1, 3])
+def test_fused_moe_decode_is_the_three_launches_on_the_defaults(k, m):
+    """The production entry point (ops.moe_decode's, so the vLLM plugin's) is DecodeLaunches on
+    DEFAULT_CONFIG and this device's layout (3 on the CPU): the same bits. One token takes the
+    top-k in gate_up and down's counted sums, three the router's top-k and partial sums."""
+    args = make_block(k, 8, m, True, seed=80 + m)
+    kargs = kernel_args(k, args)
+    out = k.moe.fused_moe_decode(*kargs, 4)
+    staged, _, _ = decode(k, kargs, 4, k.moe.DEFAULT_CONFIG, mma=3)
+    assert torch.equal(out.view(torch.int16), staged.view(torch.int16))
+    assert rel_err(out, k.reference.moe_block_ref(*args, 4)) < INTERPRETER_TOL
 
 
 @child_only
@@ -314,18 +335,3 @@ def test_counted_sums_are_the_same_bits_in_any_order():
     # fp32 adds in these orders do differ, so the orders test something
     sequential = [functools.reduce(torch.add, values[o][:, :13].unbind(0)) for o in orders]
     assert not all(torch.equal(s, sequential[0]) for s in sequential[1:])
-
-
-@child_only
-def test_mxfp4_dequantize_matches_definition(k):
-    packed = torch.tensor([[0x10, 0xF8, 0x7A] + [0] * 13], dtype=torch.uint8)  # one block of 32
-    scales = torch.tensor([[128]], dtype=torch.uint8)  # 2**1
-    w = k.mxfp4.dequantize(packed, scales, torch.float32)[0, :6].tolist()
-    assert w == [0.0, 1.0, -0.0, -12.0, -2.0, 12.0]
-
-
-@child_only
-def test_mxfp4_quantize_round_trips_grid_values(k):
-    w = torch.tensor([[0.5, -1.5, 3.0, -6.0] * 8]) * 4.0
-    packed, scales = k.mxfp4.quantize(w)
-    torch.testing.assert_close(k.mxfp4.dequantize(packed, scales, torch.float32), w)

@@ -199,6 +199,19 @@ def test_dequantize_reads_the_checkpoint_convention():
     assert out[0, :4].tolist() == [1.0, 2.0, 1.0, 2.0]
 
 
+def test_dequantize_matches_definition():
+    packed = torch.tensor([[0x10, 0xF8, 0x7A] + [0] * 13], dtype=torch.uint8)  # one block of 32
+    scales = torch.tensor([[128]], dtype=torch.uint8)  # 2**1
+    w = dequantize_mxfp4(packed, scales, torch.float32)[0, :6].tolist()
+    assert w == [0.0, 1.0, -0.0, -12.0, -2.0, 12.0]
+
+
+def test_quantize_round_trips_grid_values():
+    w = torch.tensor([[0.5, -1.5, 3.0, -6.0] * 8]) * 4.0
+    packed, scales = quantize_mxfp4(w)
+    torch.testing.assert_close(dequantize_mxfp4(packed, scales, torch.float32), w)
+
+
 def test_quantization_error_is_bounded_by_half_a_step():
     g = torch.Generator().manual_seed(11)
     w = torch.randn(64, 2880, generator=g) * 0.02

@@ -55,9 +55,9 @@ def register_bits(q: int, j: int) -> int:
 def test_word_bits_decode_to_bf16_times_2_pow_minus_126():
     """The bit layout's promise: each register is a bf16 pair equal to its two e2m1 codes * 2**-126."""
     import struct
-    from gptoss_spark.kernels.mxfp4 import dequantize
-    values = [float(v) for v in dequantize(torch.tensor([[0x10 * c + c for c in range(16)]], dtype=torch.uint8),
-                                           torch.tensor([[127]], dtype=torch.uint8), torch.float32)[0, 0::2]]
+    from gptoss_spark.mxfp4 import dequantize_mxfp4
+    values = [float(v) for v in dequantize_mxfp4(torch.tensor([[0x10 * c + c for c in range(16)]], dtype=torch.uint8),
+                                                 torch.tensor([[127]], dtype=torch.uint8), torch.float32)[0, 0::2]]
     for code in range(16):
         c = torch.full((1, 4, 2), code, dtype=torch.int32)
         word = int.from_bytes(bytes(L._pack_words(c)[0].tolist()), "little")
