@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
+from .service.defaults import CONFIG_HELP
 from .service.states import State
 from .service.status import CommandKind, OperationView, OpStatus, StatusFormatError, parse_state
 from .errors import UserError
@@ -50,8 +51,7 @@ class ApiError(UserError):
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or "
-                                        "/etc/gptoss-spark/gptoss-spark.toml)")
+        p.add_argument("--config", help=CONFIG_HELP)
         p.add_argument("--json", action="store_true", help="print the API's JSON instead of text")
 
     def waiting(p: argparse.ArgumentParser) -> None:

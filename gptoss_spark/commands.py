@@ -12,6 +12,7 @@ from .service import logs
 from .service.api_access import check_api_access
 from .service.argcheck import ArgCheckUnavailable, profile_rejects, profiles_rejected
 from .service.config import load_settings, resolve_config_path
+from .service.defaults import CONFIG_HELP
 from .errors import ConfigError
 from .service.profiles import get_profile, load_profiles
 from .service.store import StateStore
@@ -23,12 +24,12 @@ log = structlog.get_logger("gptoss_spark")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the supervisor and its engine (what the systemd unit starts)")
-    p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml)")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check", help="validate the settings, the profiles and the active profile's requirements")
-    p.add_argument("--config")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--profile", help="check this profile's requirements (default: the active one)")
     p.add_argument("--all-profiles", action="store_true",
                    help="only ask vLLM's parser about every profile's engine arguments (what an upgrade "

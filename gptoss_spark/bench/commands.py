@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from ..exit_codes import EXIT_INTERRUPTED
+from ..service.defaults import CONFIG_HELP
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
@@ -45,8 +46,7 @@ def _int_at_least(minimum: int):
 
 def _add_common(p: argparse.ArgumentParser, max_tokens: int, *, from_settings: bool = False) -> None:
     if from_settings:  # bench ab: the service's own addresses come from its settings file
-        p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or "
-                                        "/etc/gptoss-spark/gptoss-spark.toml): admin API, token, engine port")
+        p.add_argument("--config", help=f"{CONFIG_HELP}: admin API, token, engine port")
         p.add_argument("--url", help="OpenAI-compatible endpoint (default: the engine's address in the settings)")
     else:
         p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
@@ -242,8 +242,7 @@ def _register_arena(bench_sub) -> None:
                     "fit the served max_model_len are reported, not sent. The whole profile takes long on a Spark; "
                     "--depth 0 --concurrency 1 measures only the leaderboard's headline point.")
     p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
-    p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml): "
-                                    "model.dir for the tokenizer, the engine's API key")
+    p.add_argument("--config", help=f"{CONFIG_HELP}: model.dir for the tokenizer, the engine's API key")
     p.add_argument("--api-key-file", type=Path,
                    help="file with the engine's API key (default: engine.api_key_file of the settings, "
                         "sent only to the engine address the settings name)")
