@@ -2,7 +2,8 @@
 
 Exit codes: 0 every measured request valid (ab: and every profile measured,
 the service switched back); 1 some request invalid or a profile not measured
-(the result still prints, with each reason); 2 bad input; 69 endpoint
+(the result still prints, with each reason), or (ab) the admin API answered a
+state or operation this version does not know; 2 bad input; 69 endpoint
 unreachable or admin API not answering, 77 admin token unreadable (ab);
 130 interrupted (ab: after switching back).
 """
@@ -185,7 +186,8 @@ def _say(text: str) -> None:
 
 
 def cmd_ab(args) -> int:
-    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, switch_limit
+    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, state_of, switch_limit
+    from ..service.states import State
     from ..service.config import load_settings, resolve_config_path
     from .ab import Service, ab_result, check_profile_names, run_ab, served_profile_problem
 
@@ -198,9 +200,9 @@ def cmd_ab(args) -> int:
     prompts, source = run.prompts_for(args)
     listing = Client(settings).json("GET", "/admin/profile")[1]
     check_profile_names(names, [p["name"] for p in listing.get("profiles") or []])
-    original, state = listing.get("active"), listing.get("state")
-    if state != "ready" or not original:
-        raise UserError(f"the service is not ready (state {state}, profile {original or '-'}); "
+    original, state = listing.get("active"), state_of(listing)
+    if state != State.READY or not original:
+        raise UserError(f"the service is not ready (state {state.value}, profile {original or '-'}); "
                         "wait for it or fix it first (`gptoss-spark status`), then run bench ab again")
     service = Service(Client(settings, read_token_for_cli(settings)), switch_limit(settings), _say)
 
