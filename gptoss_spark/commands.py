@@ -6,8 +6,6 @@ import argparse
 import asyncio
 import sys
 
-import structlog
-
 from .service import logs
 from .service.api_access import check_api_access
 from .service.argcheck import ArgCheckUnavailable, profile_rejects, profiles_rejected
@@ -18,8 +16,6 @@ from .service.profiles import get_profile, load_profiles
 from .service.store import StateStore
 from .service.supervisor import Supervisor, SupervisorParts
 from .service.systemd import Notifier
-
-log = structlog.get_logger("gptoss_spark")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,20 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 async def _serve(supervisor: Supervisor) -> int:
     supervisor.install_signal_handlers(asyncio.get_running_loop())
-    admin = _start_admin(supervisor)
+    # Imported here, not at the top: every CLI command loads this module, and only serve needs FastAPI.
+    from .admin import run_admin_server
+
+    admin = asyncio.create_task(run_admin_server(supervisor, supervisor.settings), name="admin-api")
     try:
         return await supervisor.run()
     finally:
-        if admin is not None:
-            admin.cancel()
-            await asyncio.gather(admin, return_exceptions=True)
-
-
-def _start_admin(supervisor: Supervisor) -> asyncio.Task[None] | None:
-    try:
-        from .admin import run_admin_server
-    except ImportError:
-        log.warning("admin API not available in this build")
-        return None
-    return asyncio.create_task(run_admin_server(supervisor, supervisor.settings), name="admin-api")
+        admin.cancel()
+        await asyncio.gather(admin, return_exceptions=True)
 
