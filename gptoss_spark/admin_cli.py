@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
+from .service.defaults import CONFIG_HELP
 from .service.states import State
 from .service.status import CommandKind, OperationView, OpStatus, StatusFormatError, parse_state
 from .errors import UserError
@@ -50,8 +51,7 @@ class ApiError(UserError):
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or "
-                                        "/etc/gptoss-spark/gptoss-spark.toml)")
+        p.add_argument("--config", help=CONFIG_HELP)
         p.add_argument("--json", action="store_true", help="print the API's JSON instead of text")
 
     def waiting(p: argparse.ArgumentParser) -> None:
@@ -159,14 +159,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(resolve_config_path(args.config), must_exist=False)
 
 
-def _state(body: dict) -> State:
+def state_of(body: dict) -> State:
+    """The "state" of an admin API answer; a value this version does not know is an ApiError."""
     try:
         return parse_state(body.get("state"))
     except StatusFormatError as e:
         raise ApiError(str(e)) from None
 
 
-def _operation(body: dict) -> OperationView:
+def operation_of(body: dict) -> OperationView:
+    """An operation of an admin API answer, typed; a malformed one is an ApiError."""
     try:
         return OperationView.from_json(body)
     except StatusFormatError as e:
@@ -184,7 +186,7 @@ def _print_json(obj: Any) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     _, snap = Client(_settings(args)).json("GET", "/admin/status")
-    state = _state(snap)
+    state = state_of(snap)
     if args.json:
         _print_json(snap)
     else:
@@ -242,7 +244,7 @@ def wait_operation(client: Client, op: dict, limit: float, on_state=None) -> dic
     """Poll the operation until it ends; on_state(state) hears each new service state on the way."""
     deadline = time.monotonic() + limit
     last_state = None
-    while _operation(op).status.in_progress:
+    while operation_of(op).status.in_progress:
         if time.monotonic() > deadline:
             raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
                            "follow it with `gptoss-spark status`")
@@ -250,7 +252,7 @@ def wait_operation(client: Client, op: dict, limit: float, on_state=None) -> dic
         if on_state is not None:
             r = client.request("GET", "/admin/health")
             health = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-            state = _state(health) if health.get("state") else None  # an error body has none: skip it
+            state = state_of(health) if health.get("state") else None  # an error body has none: skip it
             if state and state != last_state:
                 on_state(state.value)
                 last_state = state
@@ -270,7 +272,7 @@ def follow(client: Client, op: dict, args: argparse.Namespace, settings: Setting
     started = time.monotonic()
     op = wait_operation(client, op, limit, on_state=None if args.json else (lambda state: print(f"  {state}")))
     took = time.monotonic() - started
-    view = _operation(op)
+    view = operation_of(op)
     succeeded = view.status == OpStatus.SUCCEEDED
     if args.json:
         _print_json(op)
@@ -352,6 +354,6 @@ def render_profiles(body: dict) -> str:
         out.append(f" {mark} {p['name']:<{width}}  {p['description']}")
         if p.get("why_not"):
             out.append(f"   {'':<{width}}  cannot run here: {'; '.join(p['why_not'])}")
-    if body.get("operation") and (op := _operation(body["operation"])).status.in_progress:
+    if body.get("operation") and (op := operation_of(body["operation"])).status.in_progress:
         out.append(f"in progress: {op.kind.value} -> {op.target} ({op.status.value})")
     return "\n".join(out)

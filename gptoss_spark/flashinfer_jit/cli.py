@@ -18,8 +18,7 @@ import json
 from dataclasses import asdict
 
 from ..service.config import load_settings, resolve_config_path
-
-_CONFIG_HELP = "settings file (default: $GPTOSS_SPARK_CONFIG or /etc/gptoss-spark/gptoss-spark.toml)"
+from ..service.defaults import CONFIG_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fsub = fi.add_subparsers(dest="flashinfer_command", metavar="ACTION", required=True)
 
     b = fsub.add_parser("build", help="compile the modules the installed profiles need into the engine's cache")
-    b.add_argument("--config", default=None, help=_CONFIG_HELP)
+    b.add_argument("--config", default=None, help=CONFIG_HELP)
     b.add_argument("--module", action="append", default=None, metavar="NAME",
                    help="build only this module (repeatable; it must be one the profiles need)")
     b.add_argument("--profile", action="append", default=None, metavar="NAME",
@@ -37,11 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=cmd_build)
 
     ln = fsub.add_parser("link", help="link the built modules into this venv's flashinfer/data/aot (root)")
-    ln.add_argument("--config", default=None, help=_CONFIG_HELP)
+    ln.add_argument("--config", default=None, help=CONFIG_HELP)
     ln.set_defaults(func=cmd_link)
 
     st = fsub.add_parser("status", help="each profile's modules: built for this FlashInfer/arch/toolkit? linked?")
-    st.add_argument("--config", default=None, help=_CONFIG_HELP)
+    st.add_argument("--config", default=None, help=CONFIG_HELP)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import cluster, dropins, locks, peer, placement, preflight, uninstall, validate, venvs, versions, why
 from .checks import Check
 from ..exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
+from ..service.defaults import ADMIN_PORT, LOOPBACK
 from .layout import InstallError, Layout, layout_from_env
 
 
@@ -86,7 +87,7 @@ def _peer_check(args: argparse.Namespace, layout: Layout) -> Check:
         return Check("peer", False, str(e), e.exit_code)
     data = cluster._read(layout.config_file)
     admin = data.get("admin", {})
-    port = int(data.get("cluster", {}).get("peer_admin_port") or 0) or int(admin.get("port", 8101))
+    port = int(data.get("cluster", {}).get("peer_admin_port") or 0) or int(admin.get("port", ADMIN_PORT))
     token_file = Path(admin.get("token_file", layout.real(layout.token_file)))
     return peer.check_peer(c, peer.admin_url(c.peer, port), venv_id=vid,
                            token=peer.read_token(layout.root / str(token_file).lstrip("/")),
@@ -198,7 +199,7 @@ def cmd_worker_up(args: argparse.Namespace) -> int:
     layout = _layout(args)
     data = cluster._read(layout.config_file)
     admin = data.get("admin", {})
-    url = peer.admin_url(str(admin.get("host", "127.0.0.1")), int(admin.get("port", 8101)))
+    url = peer.admin_url(str(admin.get("host", LOOPBACK)), int(admin.get("port", ADMIN_PORT)))
     ok, line = peer.wait_worker_up(url, timeout=args.timeout)
     _say(f"  {line}")
     return 0 if ok else 1

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exit_codes import EXIT_LAN, EXIT_USAGE
+from ..service.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
 from .dropins import links
 from .layout import InstallError, Layout
 from .placement import Placed, _toml_value, _write_atomic, render_config, set_toml_keys
@@ -207,7 +208,7 @@ def render(text: str, c: Cluster | None, *, shipped_default: str, cluster_profil
         if data.get("default_profile") in CLUSTER_PROFILE.values():
             values[(None, "default_profile")] = shipped_default
         if old and data.get("admin", {}).get("host") == str(old.get("address")):
-            values[("admin", "host")] = "127.0.0.1"
+            values[("admin", "host")] = LOOPBACK
     out = without_section(text, "cluster")
     if values:
         out = set_toml_keys(out, values)
@@ -242,7 +243,7 @@ def plan(layout: Layout, source: Path, flags: RoleFlags, *, cpu: bool,
     c = None if flags.role == "single" else resolve(flags, addr_json if addr_json is not None else _addresses())
     text = _base_text(layout, source, cpu)
     data = tomllib.loads(text)
-    ports = {int(data.get("engine", {}).get("port", 8100)), int(data.get("admin", {}).get("port", 8101))}
+    ports = {int(data.get("engine", {}).get("port", ENGINE_PORT)), int(data.get("admin", {}).get("port", ADMIN_PORT))}
     if c is not None and c.master_port in ports:
         raise _usage(f"--master-port {c.master_port} is engine.port or admin.port of this node; "
                      f"give another (default {DEFAULT_MASTER_PORT})")

@@ -22,6 +22,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+from ..service.defaults import LOOPBACK
 from .layout import Layout
 from .placement import Placed, _write_atomic
 
@@ -74,7 +75,7 @@ def bound_hosts(config_file: Path) -> list[str]:
         data = tomllib.loads(config_file.read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         data = {}
-    return [data.get(s, {}).get("host", "127.0.0.1") for s in ("engine", "admin")]
+    return [data.get(s, {}).get("host", LOOPBACK) for s in ("engine", "admin")]
 
 
 def links(addr_json: str) -> list[tuple[str, str, str]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..service.defaults import DEFAULT_CONFIG_PATH
 
 SERVICE = "gptoss-spark"
 UNIT_NAME = "gptoss-spark.service"
@@ -75,7 +76,7 @@ class Layout:
 
     @property
     def config_file(self) -> Path:
-        return self.etc_dir / "gptoss-spark.toml"
+        return self._p(str(DEFAULT_CONFIG_PATH))
 
     @property
     def profiles_dir(self) -> Path:

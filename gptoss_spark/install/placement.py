@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..service.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
 from .layout import Layout
 
 DEMO_PROFILE = "demo"
@@ -332,8 +333,8 @@ def endpoints(layout: Layout) -> dict[str, str]:
         pass
     eng, adm = data.get("engine", {}), data.get("admin", {})
     return {
-        "engine": f"http://{eng.get('host', '127.0.0.1')}:{eng.get('port', 8100)}/v1",
-        "admin": f"http://{adm.get('host', '127.0.0.1')}:{adm.get('port', 8101)}/admin",
+        "engine": f"http://{eng.get('host', LOOPBACK)}:{eng.get('port', ENGINE_PORT)}/v1",
+        "admin": f"http://{adm.get('host', LOOPBACK)}:{adm.get('port', ADMIN_PORT)}/admin",
         "token": adm.get("token_file", layout.real(layout.token_file)),
         "model": data.get("model", {}).get("served_name", "gptoss"),
     }

@@ -23,6 +23,7 @@ from typing import Callable
 from . import toolkit
 from .checks import Check, PreflightResult
 from ..exit_codes import EXIT_DISK, EXIT_NOT_ROOT, EXIT_NO_GPU, EXIT_NO_SYSTEMD, EXIT_PYTHON, EXIT_WRONG_ARCH, EXIT_WRONG_GPU
+from ..service.defaults import DEFAULT_CONFIG_PATH
 from .layout import Layout
 
 SPARK_ARCH = "aarch64"
@@ -205,8 +206,8 @@ def check_checkpoint(model_dir: Path | None) -> Check:
     if has_cfg and has_weights:
         return Check("checkpoint", True, str(model_dir))
     return Check("checkpoint", True, f"no checkpoint at {model_dir} (config.json + *.safetensors); the service "
-                 "will not start until it is there: download it, or set model.dir in "
-                 "/etc/gptoss-spark/gptoss-spark.toml", warning=True)
+                 f"will not start until it is there: download it, or set model.dir in {DEFAULT_CONFIG_PATH}",
+                 warning=True)
 
 
 def check_demo_model(layout: Layout) -> Check:

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from ..service.config import load_settings, resolve_config_path
+from ..service.defaults import CONFIG_HELP
 
 DEFAULT_ARCH = "12.1a"
 
@@ -25,8 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--arch", default=DEFAULT_ARCH, help="target compute capability, e.g. 12.1a (default)")
     build.add_argument("--cache-dir", type=Path, default=None,
                        help="Triton cache to fill (default: the engine's, from the settings file)")
-    build.add_argument("--config", default=None, help="settings file (default: $GPTOSS_SPARK_CONFIG or "
-                                                       "/etc/gptoss-spark/gptoss-spark.toml)")
+    build.add_argument("--config", default=None, help=CONFIG_HELP)
     build.add_argument("--compile-only", action="store_true",
                        help="only check that every variant compiles for --arch (no GPU needed, nothing cached)")
     build.set_defaults(func=run_build)

@@ -1,6 +1,7 @@
 """The service at run time: what `gptoss-spark serve` is made of.
 
   config, profiles   settings and engine profiles (pydantic, one-line errors)
+  defaults           the default ports, loopback and settings path (stdlib only: the installer reads them)
   engine, probes     the vLLM process and its health checks
   memory, states     the memory guard; the state machine and its policies
   store              state persisted across restarts (active profile, counters)

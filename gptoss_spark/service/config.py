@@ -1,6 +1,7 @@
-"""Service settings: /etc/gptoss-spark/gptoss-spark.toml -> validated, typed objects.
+"""Service settings: the settings file (defaults.DEFAULT_CONFIG_PATH) -> validated, typed objects.
 
-One source of truth for ports, paths, timeouts and policies. Profiles (what the
+One source of truth for ports, paths, timeouts and policies (the default addresses and the
+settings path are defaults.py's, which the stdlib-only installer reads too). Profiles (what the
 engine runs) live in profiles.py; this module only says where to find them.
 Every error a user can cause ends in a ConfigError naming file, key and fix.
 """
@@ -16,9 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 
 from ..errors import ConfigError
-
-DEFAULT_CONFIG_PATH = Path("/etc/gptoss-spark/gptoss-spark.toml")
-CONFIG_ENV_VAR = "GPTOSS_SPARK_CONFIG"
+from .defaults import ADMIN_PORT, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK
 
 
 class _Section(BaseModel):
@@ -38,8 +37,8 @@ class ModelSettings(_Section):
 class EngineSettings(_Section):
     # Loopback by default: vLLM's OpenAI API has no auth unless api_key_file is set,
     # and any other address requires it (api_access.py).
-    host: str = "127.0.0.1"
-    port: int = Field(8100, ge=1, le=65535)
+    host: str = LOOPBACK
+    port: int = Field(ENGINE_PORT, ge=1, le=65535)
     # Interpreter that runs vLLM; empty = the one running the supervisor (same venv).
     python: str = ""
     # File holding the key clients must send on /v1 (vLLM --api-key); none = open.
@@ -49,8 +48,8 @@ class EngineSettings(_Section):
 
 
 class AdminSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8101, ge=1, le=65535)
+    host: str = LOOPBACK
+    port: int = Field(ADMIN_PORT, ge=1, le=65535)
     token_file: Path = Path("/etc/gptoss-spark/admin.token")
 
 

@@ -253,3 +253,46 @@ def test_a_failed_switch_reports_its_error_and_rollback(service, config):  # noq
     assert not outcome["ok"] and outcome["rolled_back_to"] == "demo"
     assert outcome["error"] == "profile demo-b failed: engine exited with code 2"
     assert said and said[0].startswith("switching demo -> demo-b (operation ")
+
+
+# ---- states and operations are read typed -----------------------------------------------------
+
+class OtherVersion:
+    """An admin API answering values this version does not know (a real service of this version never
+    does, so a stand-in): GET /admin/profile gives `listing`, a switch ends as `finished`."""
+
+    POLL = "/admin/operations/000000000000"
+
+    def __init__(self, listing: dict, finished: dict | None = None):
+        self.listing, self.finished, self.puts = listing, finished, 0
+
+    def json(self, method: str, path: str, ok=(200,), **kw):
+        if method == "PUT":
+            self.puts += 1
+            return 202, {"id": "0" * 12, "kind": "switch", "target": kw["json"]["name"], "from": "demo",
+                         "status": "pending", "poll": self.POLL}
+        return 200, self.finished if path == self.POLL else self.listing
+
+
+def test_a_state_this_version_does_not_know_stops_the_switch_with_one_line():
+    api = OtherVersion({"active": "demo", "state": "hibernating", "operation": None})
+    outcome = Service(api, 30, lambda _: None).switch("demo-b")
+    assert not outcome["ok"] and api.puts == 0
+    assert outcome["error"].startswith("the service answered state 'hibernating', not one of starting, ")
+
+
+def test_an_operation_status_this_version_does_not_know_is_no_success():
+    finished = {"id": "0" * 12, "kind": "switch", "target": "demo-b", "status": "done", "poll": OtherVersion.POLL}
+    api = OtherVersion({"active": "demo", "state": "failed", "operation": None}, finished)
+    outcome = Service(api, 30, lambda _: None).switch("demo-b")  # failed is settled: the switch is asked for
+    assert api.puts == 1 and not outcome["ok"]
+    assert "operation status 'done'" in outcome["error"]
+
+
+def test_bench_ab_refuses_a_service_in_a_state_this_version_does_not_know(capsys, monkeypatch, tmp_path):
+    from gptoss_spark import admin_cli
+
+    monkeypatch.setattr(admin_cli.Client, "json", lambda self, method, path, **kw: (
+        200, {"active": "demo", "state": "hibernating", "profiles": [{"name": "demo"}, {"name": "demo-b"}]}))
+    rc, err = run_cli(capsys, "demo", "demo-b", "--config", str(tmp_path / "absent.toml"))
+    assert rc == 1 and "the service answered state 'hibernating'" in err

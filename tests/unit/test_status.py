@@ -134,11 +134,11 @@ def test_operation_json_round_trips_and_unknown_values_are_one_line_errors(sup):
 
 
 def test_the_cli_parses_states_and_operations_with_the_enums():
-    assert admin_cli._state({"state": "backoff"}) == State.BACKOFF
+    assert admin_cli.state_of({"state": "backoff"}) == State.BACKOFF
     with pytest.raises(admin_cli.ApiError, match="state 'sleeping'"):
-        admin_cli._state({"state": "sleeping"})
+        admin_cli.state_of({"state": "sleeping"})
     with pytest.raises(admin_cli.ApiError, match="without 'status'"):
-        admin_cli._operation({"id": "0" * 12, "kind": "switch"})
+        admin_cli.operation_of({"id": "0" * 12, "kind": "switch"})
     running = {"id": "0" * 12, "kind": "restart", "target": "demo", "status": "running"}
     out = admin_cli.render_profiles({"active": "demo", "state": "ready", "profiles": [], "operation": running})
     assert out.endswith("in progress: restart -> demo (running)")
