@@ -27,18 +27,28 @@ class PersistedState:
 class StateStore:
     def __init__(self, path: Path):
         self.path = path
+        self._known: PersistedState | None = None  # what the last load or save saw
+
+    def current(self) -> PersistedState:
+        """What state.json holds, without reading it again: the supervisor is its one writer
+        while it runs, so the last load or save is the file. The status snapshot, taken on every
+        /admin/health poll, reads this instead of the disk."""
+        return self._known if self._known is not None else self.load()
 
     def load(self) -> PersistedState:
         try:
             data = json.loads(self.path.read_text())
-            return PersistedState(active_profile=data.get("active_profile"),
-                                  last_good_profile=data.get("last_good_profile"))
+            state = PersistedState(active_profile=data.get("active_profile"),
+                                   last_good_profile=data.get("last_good_profile"))
         except FileNotFoundError:
-            return PersistedState()
+            state = PersistedState()
         except (OSError, ValueError, AttributeError) as e:
             # A damaged state file must not keep the service down: start from defaults, say so.
             log.warning("state file unreadable, using defaults", path=str(self.path), reason=str(e))
-            return PersistedState()
+            state = PersistedState()
+        self._known = state
+        return state
 
     def save(self, state: PersistedState) -> None:
         write_atomic(self.path, (json.dumps(asdict(state), indent=2, sort_keys=True) + "\n").encode())
+        self._known = state

@@ -218,7 +218,7 @@ class Supervisor:
             transitions=tuple(self.sm.history),
             state_seconds=frozen_map(self.sm.seconds_in()),
             profiles=frozen_map(self.profiles),
-            saved=self.store.load(),
+            saved=self.store.current(),
             cluster=self._cluster_status(),
         )
 

@@ -35,3 +35,16 @@ def test_failed_write_leaves_old_file_intact(tmp_path, monkeypatch):
         store.save(PersistedState("spec", "spec"))
     assert store.load() == PersistedState("plain", "plain")
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_current_is_the_last_load_or_save_without_reading_again(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text('{"active_profile": "spec", "last_good_profile": "plain"}')
+    store = StateStore(path)
+    assert store.current() == PersistedState("spec", "plain")   # first call: read from disk
+    path.unlink()
+    assert store.current() == PersistedState("spec", "plain")   # then no read: the file is gone
+    assert store.load() == PersistedState()                     # load still reads
+    store.save(PersistedState("fast", "spec"))
+    path.write_text('{"active_profile": "edited"}')
+    assert store.current() == PersistedState("fast", "spec")    # the last save, not the disk
