@@ -85,7 +85,7 @@ def _peer_check(args: argparse.Namespace, layout: Layout) -> Check:
         vid = _venv_id(args)
     except InstallError as e:
         return Check("peer", False, str(e), e.exit_code)
-    data = cluster._read(layout.config_file)
+    data = placement.read_config(layout.config_file)
     admin = data.get("admin", {})
     port = int(data.get("cluster", {}).get("peer_admin_port") or 0) or int(admin.get("port", ADMIN_PORT))
     token_file = Path(admin.get("token_file", layout.real(layout.token_file)))
@@ -197,7 +197,7 @@ def cmd_worker_up(args: argparse.Namespace) -> int:
     """After `systemctl restart --no-block` of a worker: its supervisor answers as the worker (the
     worker turns ready only once the head orders it to join, so install.sh does not wait for that)."""
     layout = _layout(args)
-    data = cluster._read(layout.config_file)
+    data = placement.read_config(layout.config_file)
     admin = data.get("admin", {})
     url = peer.admin_url(str(admin.get("host", LOOPBACK)), int(admin.get("port", ADMIN_PORT)))
     ok, line = peer.wait_worker_up(url, timeout=args.timeout)

@@ -25,7 +25,7 @@ from ..exit_codes import EXIT_LAN, EXIT_USAGE
 from ..service.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
 from .dropins import links
 from .layout import InstallError, Layout
-from .placement import Placed, _toml_value, _write_atomic, render_config, set_toml_keys
+from .placement import Placed, _toml_value, _write_atomic, read_config, render_config, set_toml_keys
 
 ROLES = ("head", "worker", "single")
 # vLLM's TCPStore on the head; the service's default (ClusterSettings.master_port).
@@ -145,16 +145,9 @@ def resolve(f: RoleFlags, addr_json: str) -> Cluster:
 
 # ------------------------------------------------------------ the config text
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return {}
-
-
 def installed(layout: Layout) -> Cluster | None:
     """The installed config's [cluster], None when there is none (or it is not readable as one)."""
-    c = _read(layout.config_file).get("cluster")
+    c = read_config(layout.config_file).get("cluster")
     try:
         return Cluster(role=c["role"], address=str(c["address"]), peer=str(c["peer"]),
                        interface=str(c["interface"]), master_port=int(c.get("master_port", DEFAULT_MASTER_PORT)))
@@ -247,7 +240,7 @@ def plan(layout: Layout, source: Path, flags: RoleFlags, *, cpu: bool,
     if c is not None and c.master_port in ports:
         raise _usage(f"--master-port {c.master_port} is engine.port or admin.port of this node; "
                      f"give another (default {DEFAULT_MASTER_PORT})")
-    shipped = _read(source / "etc" / "gptoss-spark.toml").get("default_profile", "plain")
+    shipped = read_config(source / "etc" / "gptoss-spark.toml").get("default_profile", "plain")
     new = render(text, c, shipped_default="demo" if cpu else shipped,
                  cluster_profile=CLUSTER_PROFILE["cpu" if cpu else "spark"])
     return text, new

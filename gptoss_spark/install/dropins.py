@@ -19,12 +19,11 @@ import ipaddress
 import json
 import os
 import subprocess
-import tomllib
 from pathlib import Path
 
 from ..service.defaults import LOOPBACK
 from .layout import Layout
-from .placement import Placed, _write_atomic
+from .placement import Placed, _write_atomic, read_config
 
 SHIPPED_DIR = Path("systemd") / "gptoss-spark.service.d"
 SYSCALL_FILTER = "20-syscall-filter.conf"
@@ -71,10 +70,7 @@ def is_loopback(host: str) -> bool:
 
 def bound_hosts(config_file: Path) -> list[str]:
     """engine.host and admin.host of the installed config (defaults: loopback)."""
-    try:
-        data = tomllib.loads(config_file.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        data = {}
+    data = read_config(config_file)
     return [data.get(s, {}).get("host", LOOPBACK) for s in ("engine", "admin")]
 
 

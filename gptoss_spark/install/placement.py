@@ -137,6 +137,15 @@ def ensure_dirs(layout: Layout, *, dry_run: bool = False, owner: tuple[int, int]
 
 # ------------------------------------------------------------ config text
 
+def read_config(path: Path) -> dict[str, Any]:
+    """A settings TOML as a dict, {} when it is absent or unreadable: for steps that only take
+    defaults from it (the service's own loader is the one that refuses a bad file)."""
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -326,11 +335,7 @@ def command_path(layout: Layout) -> str:
 
 def endpoints(layout: Layout) -> dict[str, str]:
     """Engine and admin URLs from the installed config (defaults if absent)."""
-    data: dict[str, Any] = {}
-    try:
-        data = tomllib.loads(layout.config_file.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        pass
+    data = read_config(layout.config_file)
     eng, adm = data.get("engine", {}), data.get("admin", {})
     return {
         "engine": f"http://{eng.get('host', LOOPBACK)}:{eng.get('port', ENGINE_PORT)}/v1",

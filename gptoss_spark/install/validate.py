@@ -16,12 +16,12 @@ Also a warm-up: the new vLLM's files are read from disk here, not after the stop
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Callable
 
 from ..exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
 from .layout import InstallError, Layout
+from .placement import read_config
 from .venvs import AS_SERVICE, Runner, _config_args, default_runner
 
 
@@ -33,10 +33,7 @@ def _step(ok: bool, message: str, code: int) -> None:
 def engine_python_override(layout: Layout, venv: Path) -> list[str]:
     """--engine-python for the check: the new venv's python, unless the settings name an
     interpreter of their own (outside /opt/gptoss-spark/current), which the upgrade does not change."""
-    try:
-        named = tomllib.loads(layout.config_file.read_text()).get("engine", {}).get("python", "")
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        named = ""
+    named = read_config(layout.config_file).get("engine", {}).get("python", "")
     current = layout.real(layout.current)
     if named and not named.startswith(current + "/"):
         return []
