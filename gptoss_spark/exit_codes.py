@@ -48,6 +48,11 @@ EXIT_PATCH_APPLY = 44      # writing failed part-way; every file written was res
 EXIT_PATCH_NOT_APPLIED = 45  # verify: vLLM is the pristine release
 EXIT_PATCH_TAMPERED = 46   # verify: a patched file changed afterwards, or the manifest does not match
 
+# ---- gptoss-spark model, 50-52
+EXIT_MODEL_FETCH = 50      # pull: the hub did not answer, refused, or lists no such repository/revision; nothing put in place
+EXIT_MODEL_CORRUPT = 51    # pull: a file differs from the hub's hash (deleted); verify: a file differs from the manifest
+EXIT_MODEL_SPACE = 52      # pull: not enough free disk for what is still to fetch; nothing was fetched
+
 # ---- talking to the running service (sysexits.h's numbers)
 EXIT_UNAVAILABLE = 69      # the service or the endpoint does not answer
 EXIT_NOPERM = 77           # the admin token file is unreadable, or the token was refused

@@ -5,7 +5,7 @@ cannot start there. The reasons are the facts a start would trip over, all of th
 at once: no NVIDIA GPU for a CUDA profile (requires.gpu), a cluster profile without [cluster]
 (or the other way round), more memory than the host
 has in all (memory_gib against MemTotal; what is free now is the memory guard's
-question at switch time), no checkpoint, a required path missing (the Eagle3 head).
+question at switch time), no checkpoint or one of another model, a required path missing (the Eagle3 head).
 """
 
 from __future__ import annotations
@@ -27,5 +27,7 @@ def why_not(profile: Profile, settings: Settings, total_gib: float, gpus: int | 
         reasons.append(f"needs {profile.memory_gib:g} GiB, the host has {total_gib:.1f} GiB in all")
     if not (settings.model.dir / "config.json").is_file():
         reasons.append(f"no checkpoint at {settings.model.dir}")
+    elif mismatch := profile.checkpoint_mismatch(settings):
+        reasons.append(mismatch)
     reasons += [f"missing {p}" for p in profile.missing_paths(settings)]
     return reasons

@@ -1,6 +1,7 @@
 """Profiles: what the engine runs. One TOML file per profile, named by its file.
 
     description = "one line shown by the admin API"
+    model = "gpt-oss-120b"                # the checkpoint it is for (gptoss_spark/models/catalog.py); none = any
     memory_gib = 85                       # expected peak use; the memory guard checks it
     [engine]
     args = ["--max-num-seqs", "32"]       # vLLM arguments, beyond the ones we own
@@ -11,7 +12,7 @@
     cluster = true                        # runs across the two nodes of [cluster] (docs/CLUSTER.md)
 
 A profile may extend another (`extends = "plain"`): it then starts from that
-profile's args, env, memory_gib, required paths and gpu requirement. Its own args replace the
+profile's model, args, env, memory_gib, required paths and gpu requirement. Its own args replace the
 base's option of the same flag (in the base's place) or are added after them,
 `engine.remove_args` drops base options by flag, its env is merged over the
 base's, its paths are added. Each fact is then written once (fast = plain +
@@ -111,9 +112,20 @@ class _ProfileFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     extends: str | None = Field(None, pattern=PROFILE_NAME_RE.pattern)
     description: str = Field(..., min_length=1, max_length=200)
+    model: str | None = None  # a catalog name; None: the base's, or any checkpoint without a base
     memory_gib: float | None = Field(None, ge=0)  # None: the base's, or 0 without a base
     engine: _ProfileEngine = _ProfileEngine()
     requires: _ProfileRequires = _ProfileRequires()
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str | None) -> str | None:
+        from ..models.catalog import CATALOG
+
+        models = [c.name for c in CATALOG.values() if c.kind == "model"]
+        if model is not None and model not in models:
+            raise ValueError(f"unknown model {model!r}; name one of {', '.join(models)} or leave model out")
+        return model
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,18 @@ class Profile:
     needs_gpu: bool = False
     needs_cluster: bool = False
     extends: str | None = None  # the base profile's name, for information (already applied)
+    model: str | None = None  # the checkpoint it is for (a catalog name); None = any (the demo profiles)
+
+    def checkpoint_mismatch(self, settings: Settings) -> str | None:
+        """Why model.dir holds another model than this profile is for; None if it matches or cannot be told."""
+        from ..models.catalog import identify
+
+        if self.model is None:
+            return None
+        found = identify(settings.model.dir)
+        if found is None or found.name == self.model:
+            return None
+        return f"is for {self.model}; {settings.model.dir} holds {found.name} ({found.layers} layers, {found.experts} experts)"
 
     def _fill(self, text: str, settings: Settings, key: str) -> str:
         values = {"model_dir": str(settings.model.dir), "eagle3_dir": str(settings.model.eagle3_dir),
@@ -171,7 +195,13 @@ class Profile:
         if not (model_dir / "config.json").is_file():
             raise RequirementError(
                 f"profile {self.name}: no checkpoint at {model_dir} (config.json missing); "
-                f"download gpt-oss-120b there or set model.dir in {settings.source or 'gptoss-spark.toml'}")
+                f"run `sudo gptoss-spark model pull {self.model or 'gpt-oss-120b'}` or set model.dir in "
+                f"{settings.source or 'gptoss-spark.toml'}")
+        mismatch = self.checkpoint_mismatch(settings)
+        if mismatch:
+            raise RequirementError(
+                f"profile {self.name}: {mismatch}; pick a profile for that model (gptoss-spark profile) or set "
+                f"model.dir in {settings.source or 'gptoss-spark.toml'} to a {self.model} checkpoint")
         for raw in self.required_paths:
             p = Path(self._fill(raw, settings, "requires.paths"))
             if not p.exists():
@@ -209,7 +239,7 @@ def _own_profile(src: _ProfileSource) -> Profile:
     pf = src.spec
     return Profile(name=src.name, source=src.path, description=pf.description, memory_gib=pf.memory_gib or 0.0,
                    args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths),
-                   needs_gpu=bool(pf.requires.gpu), needs_cluster=bool(pf.requires.cluster))
+                   needs_gpu=bool(pf.requires.gpu), needs_cluster=bool(pf.requires.cluster), model=pf.model)
 
 
 def load_profile_file(path: Path) -> Profile:
@@ -306,7 +336,7 @@ def _extend(src: _ProfileSource, base: Profile) -> Profile:
                    args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths,
                    needs_gpu=base.needs_gpu if pf.requires.gpu is None else pf.requires.gpu,
                    needs_cluster=base.needs_cluster if pf.requires.cluster is None else pf.requires.cluster,
-                   extends=base.name)
+                   extends=base.name, model=base.model if pf.model is None else pf.model)
 
 
 def unknown_profiles(names: Iterable[str], known: Iterable[str]) -> str:

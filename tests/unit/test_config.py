@@ -132,7 +132,7 @@ def test_missing_model_dir(setup, tmp_path):
     with pytest.raises(RequirementError) as e:
         load_profiles(s)["plain"].check_requirements(s)
     assert one_line(e.value) == (f"profile plain: no checkpoint at {tmp_path}/none (config.json missing); "
-                                 f"download gpt-oss-120b there or set model.dir in {cfg}")
+                                 f"run `sudo gptoss-spark model pull gpt-oss-120b` or set model.dir in {cfg}")
 
 
 def test_unmet_requirement_names_path_and_file(setup):

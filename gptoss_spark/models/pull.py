@@ -1,0 +1,299 @@
+"""Fetch one checkpoint from the Hugging Face Hub into place: staged, hash-checked, renamed in whole.
+
+    <parent>/.<name>.partial/    the staging directory, on the same filesystem as the destination
+        <files>                  fetched by huggingface_hub (hf_hub_download into a local_dir)
+        .gptoss-spark-pull.json  which files are already verified, and at which commit
+    <parent>/<name>/             appears only complete: every file verified, the manifest written,
+                                 ownership set, then one rename
+
+What huggingface_hub 2.4.0 does and does not do (file_download.py): each file is written to a
+process-unique temporary file and renamed into the local_dir when complete, and a dropped
+connection is resumed with an HTTP Range request (http_get, up to 5 retries); but a file cut off
+by a killed process is deleted, not resumed, and content is only checked for its size. So here:
+- resume across runs is per file: files verified by an earlier run are kept (and not fetched
+  again); leftovers of a file cut off mid-way are deleted first;
+- every file is hashed against the Hub's listing (model_info with files_metadata: the sha256 of
+  an LFS file, the git blob sha1 of a small one); a file that differs is deleted and the pull stops;
+- free space is checked before anything is fetched, against what is still missing;
+- the whole revision is pinned: the listing's commit is what every file is fetched at.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pwd
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+
+from ..errors import UserError
+from ..exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE
+from ..fsutil import write_atomic
+from .catalog import Checkpoint
+from .hashing import digests
+from .manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+
+PROGRESS_NAME = ".gptoss-spark-pull.json"
+HF_METADATA_DIR = Path(".cache") / "huggingface"  # what hf_hub_download(local_dir=...) keeps beside the files
+GIB = 1 << 30
+# Kept free beyond the checkpoint: the state dir, logs and the journal may share the filesystem.
+SPACE_RESERVE = 1 * GIB
+
+
+class FetchError(UserError):
+    exit_code = EXIT_MODEL_FETCH
+
+
+class CorruptError(UserError):
+    exit_code = EXIT_MODEL_CORRUPT
+
+
+class SpaceError(UserError):
+    exit_code = EXIT_MODEL_SPACE
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    lfs_sha256: str | None   # LFS files: the Hub's sha256 of the content
+    git_sha1: str | None     # every file: its git blob id (for an LFS file, that of the pointer)
+
+    @property
+    def hub_hash(self) -> str:
+        return f"sha256:{self.lfs_sha256}" if self.lfs_sha256 else f"git-sha1:{self.git_sha1}"
+
+
+@dataclass(frozen=True)
+class Listing:
+    commit: str
+    files: tuple[RemoteFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def staging_dir(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}.partial"
+
+
+def disk_free(path: Path) -> int:
+    """Free bytes on the filesystem that holds path (its nearest existing ancestor)."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return shutil.disk_usage(p).free
+    return shutil.disk_usage("/").free
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+    from huggingface_hub.errors import FileMetadataError, HfHubHTTPError, LocalEntryNotFoundError
+
+    return (HfHubHTTPError, LocalEntryNotFoundError, FileMetadataError, httpx2.HTTPError, ConnectionError)
+
+
+def list_remote(entry: Checkpoint, revision: str, endpoint: str | None) -> Listing:
+    """The files to fetch and their hashes, from GET /api/models/{repo}/revision/{rev}?blobs=true."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint).model_info(entry.repo_id, revision=revision, files_metadata=True)
+    except _hub_errors() as e:
+        raise FetchError(f"could not list {entry.repo_id}@{revision} on {endpoint or _default_endpoint()}: "
+                         f"{_first_line(e)}; check the network (or HF_ENDPOINT) and run the pull again") from None
+    files = []
+    for s in info.siblings or []:
+        if any(fnmatch(s.rfilename, pat) for pat in entry.ignore):
+            continue
+        if s.size is None or (s.lfs is None and s.blob_id is None):
+            raise FetchError(f"{entry.repo_id}: the hub listed no size or hash for {s.rfilename}; "
+                             "nothing was fetched; try again later")
+        files.append(RemoteFile(s.rfilename, s.lfs.size if s.lfs else s.size, s.lfs.sha256 if s.lfs else None,
+                                s.blob_id))
+    if not files:
+        raise FetchError(f"{entry.repo_id}@{revision} lists no files to fetch; check the repository name")
+    return Listing(info.sha, tuple(sorted(files, key=lambda f: f.path)))
+
+
+def _default_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+class _Progress:
+    """The verified files of a staging directory, so an interrupted pull resumes where it stopped."""
+
+    def __init__(self, staging: Path, commit: str):
+        self.path = staging / PROGRESS_NAME
+        self.staging = staging
+        self.commit = commit
+        self.verified: dict[str, dict] = {}
+
+    def load(self) -> bool:
+        """Read the record; False if it is for another commit (the staging is then stale)."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return True
+        if data.get("commit") != self.commit:
+            return False
+        for rel, rec in (data.get("verified") or {}).items():
+            p = self.staging / rel
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            if st.st_size == rec.get("size") and st.st_mtime_ns == rec.get("mtime_ns"):
+                self.verified[rel] = rec
+        return True
+
+    def add(self, rel: str, size: int, sha256: str, hub: str) -> None:
+        st = (self.staging / rel).stat()
+        self.verified[rel] = {"size": size, "sha256": sha256, "hub": hub, "mtime_ns": st.st_mtime_ns}
+        write_atomic(self.path, json.dumps({"commit": self.commit, "verified": self.verified}).encode(),
+                     sync_dir=False)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    dest: Path
+    manifest: Manifest
+    fetched: tuple[str, ...]   # files fetched by this run (the others were verified by an earlier one)
+    already: bool = False      # dest already held this revision: nothing done
+
+
+def pull(entry: Checkpoint, dest: Path, *, revision: str = "main", endpoint: str | None = None,
+         owner: str | None = None, out: Callable[[str], None] = print,
+         free_bytes: Callable[[Path], int] = disk_free) -> PullResult:
+    listing = list_remote(entry, revision, endpoint)
+    existing = _check_destination(entry, dest, listing)
+    if existing is not None:
+        out(f"{entry.name}: {dest} already holds {entry.repo_id}@{listing.commit[:12]} "
+            f"({_gb(existing.total_bytes)}); `gptoss-spark model verify {dest}` re-checks it")
+        return PullResult(dest, existing, (), already=True)
+
+    staging = staging_dir(dest)
+    progress = _Progress(staging, listing.commit)
+    if staging.exists() and not progress.load():
+        out(f"{staging}: left by a pull of another revision; starting over")
+        shutil.rmtree(staging)
+    _drop_partial_downloads(staging)
+    missing = [f for f in listing.files if f.path not in progress.verified]
+    need = sum(f.size for f in missing)
+    free = free_bytes(staging)
+    if free < need + SPACE_RESERVE:
+        raise SpaceError(f"{entry.name}: needs {_gb(need)} more at {dest.parent} (+ {_gb(SPACE_RESERVE)} kept "
+                         f"free), {_gb(free)} is free; free some space or pull to another --dir; nothing was fetched")
+    staging.mkdir(parents=True, exist_ok=True)
+    done = len(listing.files) - len(missing)
+    out(f"{entry.name}: {entry.repo_id}@{listing.commit[:12]}, {len(listing.files)} files, "
+        f"{_gb(listing.total_bytes)}" + (f"; {done} already verified, {_gb(need)} to fetch" if done else "")
+        + f" -> {dest}")
+    for i, f in enumerate(missing, done + 1):
+        out(f"[{i}/{len(listing.files)}] {f.path} ({_gb(f.size)})")
+        _fetch(entry, f, listing.commit, staging, endpoint)
+        progress.add(f.path, f.size, _verify_fetched(entry, f, staging), f.hub_hash)
+    manifest = Manifest(entry.name, entry.repo_id, listing.commit, endpoint or _default_endpoint(),
+                        dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        {rel: {"size": rec["size"], "sha256": rec["sha256"], "hub": rec["hub"]}
+                         for rel, rec in sorted(progress.verified.items())})
+    _finish(staging, dest, manifest, owner)
+    out(f"{entry.name}: {len(listing.files)} files verified against the hub, manifest {dest / MANIFEST_NAME}")
+    return PullResult(dest, manifest, tuple(f.path for f in missing))
+
+
+def _check_destination(entry: Checkpoint, dest: Path, listing: Listing) -> Manifest | None:
+    """None if dest is free to be created; its manifest if it already holds this revision; else refuse."""
+    if not dest.exists():
+        return None
+    if dest.is_dir() and not any(dest.iterdir()):
+        dest.rmdir()  # an empty directory made beforehand: the rename puts the checkpoint there
+        return None
+    manifest = read_manifest(dest) if dest.is_dir() else None
+    if manifest is None:
+        raise UserError(f"{dest} exists and was not pulled by gptoss-spark (no {MANIFEST_NAME}); move it away "
+                        "or pull to another --dir")
+    if manifest.revision == listing.commit and set(manifest.files) == {f.path for f in listing.files}:
+        return manifest
+    raise UserError(f"{dest} holds {manifest.repo}@{manifest.revision[:12]}, the hub has "
+                    f"{entry.repo_id}@{listing.commit[:12]}; move it away to pull that one (the service "
+                    "keeps serving the one it has)")
+
+
+def _drop_partial_downloads(staging: Path) -> None:
+    """huggingface_hub's temporary files of a download cut off by a killed process: never reused."""
+    meta = staging / HF_METADATA_DIR
+    if meta.is_dir():
+        for p in meta.rglob("*.incomplete"):
+            p.unlink(missing_ok=True)
+
+
+def _fetch(entry: Checkpoint, f: RemoteFile, commit: str, staging: Path, endpoint: str | None) -> None:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        hf_hub_download(entry.repo_id, f.path, revision=commit, local_dir=staging, endpoint=endpoint)
+    except _hub_errors() as e:
+        raise FetchError(f"{entry.name}: fetching {f.path} failed: {_first_line(e)}; run the pull again "
+                         f"(verified files are kept in {staging})") from None
+
+
+def _verify_fetched(entry: Checkpoint, f: RemoteFile, staging: Path) -> str:
+    """The file's sha256 if it is what the hub lists; else delete it and raise CorruptError."""
+    path = staging / f.path
+    d = digests(path)
+    if f.lfs_sha256:
+        ok, got, want = d.sha256 == f.lfs_sha256, f"sha256 {d.sha256}", f"sha256 {f.lfs_sha256}"
+    else:
+        ok, got, want = d.git_sha1 == f.git_sha1, f"git sha1 {d.git_sha1}", f"git sha1 {f.git_sha1}"
+    if d.size != f.size:
+        ok, got, want = False, f"{d.size} bytes", f"{f.size} bytes"
+    if not ok:
+        path.unlink()
+        (staging / HF_METADATA_DIR / "download" / f"{f.path}.metadata").unlink(missing_ok=True)
+        raise CorruptError(f"{entry.name}: {f.path} arrived with {got}, the hub lists {want}; it was deleted and "
+                           "nothing was put in place; run the pull again")
+    return d.sha256
+
+
+def _finish(staging: Path, dest: Path, manifest: Manifest, owner: str | None) -> None:
+    shutil.rmtree(staging / ".cache", ignore_errors=True)
+    (staging / PROGRESS_NAME).unlink(missing_ok=True)
+    write_manifest(staging, manifest)
+    if owner is not None:
+        _chown_tree(staging, owner)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staging, dest)
+    fd = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _chown_tree(root: Path, owner: str) -> None:
+    try:
+        pw = pwd.getpwnam(owner)
+    except KeyError:
+        raise UserError(f"no user {owner!r} to own the checkpoint; pass --owner USER (or run install.sh first, "
+                        "which creates gptoss-spark)") from None
+    for p in (root, *root.rglob("*")):
+        if p.is_symlink():
+            continue
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} B"

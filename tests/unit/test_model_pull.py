@@ -1,0 +1,201 @@
+"""`gptoss-spark model pull|verify|list` against a Hub stand-in on 127.0.0.1 (tests/helpers/fake_hub.py).
+
+huggingface_hub is pointed at it with its endpoint setting (endpoint= / --endpoint); the repository
+holds a tiny generated checkpoint in the Hub's layout: config.json of gpt-oss-20b's shape, two real
+safetensors shards stored as LFS files, a small tokenizer file stored in git, and an `original/`
+directory the pull must leave out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("huggingface_hub")
+
+from gptoss_spark.cli import main  # noqa: E402
+from gptoss_spark.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE  # noqa: E402
+from gptoss_spark.models.catalog import CATALOG, identify  # noqa: E402
+from gptoss_spark.models.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
+from gptoss_spark.models.pull import CorruptError, FetchError, SpaceError, pull, staging_dir  # noqa: E402
+from tests.helpers.fake_hub import FakeHub  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = CATALOG["gpt-oss-20b"]
+SHARDS = ("model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors")
+
+
+def tiny_checkpoint() -> dict[str, bytes]:
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng(0)
+    cfg = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": 24,
+           "num_local_experts": 32, "experts_per_token": 4, "hidden_size": 2880}
+    return {
+        "config.json": json.dumps(cfg).encode(),
+        "tokenizer_config.json": b'{"model_max_length": 131072}',
+        SHARDS[0]: save({"a": rng.standard_normal((256, 256)).astype(np.float32)}),
+        # Over huggingface_hub's 10 MiB read size, so a dropped connection resumes past its first chunk.
+        SHARDS[1]: save({"b": rng.standard_normal((3300, 1000)).astype(np.float32)}),
+        "original/model.safetensors": save({"c": np.zeros(8, dtype=np.float32)}),
+        ".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n",
+    }
+
+
+@pytest.fixture
+def hub():
+    with FakeHub() as h:
+        h.add_repo(ENTRY.repo_id, tiny_checkpoint())
+        yield h
+
+
+def quiet(_line: str) -> None:
+    pass
+
+
+def test_pull_verifies_every_file_and_puts_the_checkpoint_in_place_whole(hub, tmp_path):
+    dest = tmp_path / "models" / "gpt-oss-20b"
+    result = pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    files = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
+    assert files == {"config.json", "tokenizer_config.json", *SHARDS, ".gitattributes", MANIFEST_NAME}
+    assert not staging_dir(dest).exists()  # staged, then renamed: nothing left beside it
+    manifest = read_manifest(dest)
+    assert manifest.revision == hub.commit and manifest.repo == ENTRY.repo_id
+    served = hub.repos[ENTRY.repo_id]
+    for shard in SHARDS:  # LFS files: the hub's sha256; small files: their git sha1, then sha256 recorded
+        assert manifest.files[shard] == {"size": len(served[shard].data), "sha256": served[shard].sha256,
+                                         "hub": f"sha256:{served[shard].sha256}"}
+    assert manifest.files["config.json"]["hub"] == f"git-sha1:{served['config.json'].blob_id}"
+    assert identify(dest) is ENTRY
+    assert set(result.fetched) == set(manifest.files)
+    # A second pull of the same revision fetches nothing.
+    before = len(hub.gets(SHARDS[0]))
+    assert pull(ENTRY, dest, endpoint=hub.url, out=quiet).already
+    assert len(hub.gets(SHARDS[0])) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_the_result_is_owned_by_the_service_user(hub, tmp_path):
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet, owner="nobody")
+    uid = pwd.getpwnam("nobody").pw_uid
+    assert {p.stat().st_uid for p in (dest, *dest.rglob("*"))} == {uid}
+
+
+def test_a_connection_dropped_mid_file_resumes_with_a_range_request(hub, tmp_path):
+    hub.faults[(ENTRY.repo_id, SHARDS[1])] = "drop_once"
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    # http_get resumes from the last whole read it wrote (constants.DOWNLOAD_CHUNK_SIZE, 10 MiB).
+    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
+
+    assert hub.gets(SHARDS[1]) == [None, f"bytes={DOWNLOAD_CHUNK_SIZE}-"]
+    assert read_manifest(dest).files[SHARDS[1]]["sha256"] == hub.repos[ENTRY.repo_id][SHARDS[1]].sha256
+
+
+def test_a_killed_pull_resumes_and_fetches_only_what_was_not_verified(hub, tmp_path):
+    hub.faults[(ENTRY.repo_id, SHARDS[1])] = "hang"
+    dest = tmp_path / "gpt-oss-20b"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "model", "pull", "gpt-oss-20b",
+                             "--dir", str(dest), "--endpoint", hub.url], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not hub.gets(SHARDS[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.gets(SHARDS[1]), "the pull never reached the second shard"
+        time.sleep(0.3)  # half of it written
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not dest.exists()  # nothing half-written in place
+    assert (staging_dir(dest) / SHARDS[0]).is_file()
+    hub.faults.clear()
+    hub.release()
+    result = pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    assert SHARDS[0] not in result.fetched and SHARDS[1] in result.fetched
+    assert len(hub.gets(SHARDS[0])) == 1  # fetched once, by the killed run
+    assert main(["model", "verify", str(dest)]) == 0
+
+
+def test_a_corrupted_file_is_refused_and_nothing_is_put_in_place(hub, tmp_path):
+    hub.faults[(ENTRY.repo_id, SHARDS[0])] = "corrupt"
+    dest = tmp_path / "gpt-oss-20b"
+    with pytest.raises(CorruptError, match=rf"^gpt-oss-20b: {SHARDS[0]} arrived with sha256 [0-9a-f]{{64}}, "
+                                           rf"the hub lists sha256 {hub.repos[ENTRY.repo_id][SHARDS[0]].sha256}"):
+        pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    assert CorruptError.exit_code == EXIT_MODEL_CORRUPT
+    assert not dest.exists()
+    assert not (staging_dir(dest) / SHARDS[0]).exists()
+    hub.faults.clear()  # the next run fetches it again and completes
+    assert SHARDS[0] in pull(ENTRY, dest, endpoint=hub.url, out=quiet).fetched
+
+
+def test_not_enough_disk_is_refused_before_anything_is_fetched(hub, tmp_path):
+    dest = tmp_path / "gpt-oss-20b"
+    with pytest.raises(SpaceError, match=r"^gpt-oss-20b: needs .* more at .*, 1000 B is free; free some space"):
+        pull(ENTRY, dest, endpoint=hub.url, out=quiet, free_bytes=lambda _p: 1000)
+    assert SpaceError.exit_code == EXIT_MODEL_SPACE
+    assert [p for _m, p, _r in hub.requests if "/resolve/" in p] == []  # only the listing was asked for
+    assert not dest.exists() and not staging_dir(dest).exists()
+
+
+def test_verify_names_a_flipped_byte_without_the_network(hub, tmp_path, capsys):
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    hub.__exit__(None, None, None)  # the hub is gone: verify needs none
+    assert main(["model", "verify", str(dest)]) == 0
+    shard = dest / SHARDS[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["model", "verify", str(dest)]) == EXIT_MODEL_CORRUPT
+    out = capsys.readouterr()
+    assert f"CORRUPT sha256  {SHARDS[1]}: " in out.out and SHARDS[0] not in out.out
+    assert "1 of 5 files differ from the manifest" in out.err
+
+
+def test_an_unknown_repository_is_one_line_and_fetches_nothing(hub, tmp_path, capsys):
+    missing = CATALOG["gpt-oss-120b"]  # not on this hub
+    with pytest.raises(FetchError, match=r"^could not list openai/gpt-oss-120b@main on http://127\.0\.0\.1:\d+: "
+                                         r"RepositoryNotFoundError"):
+        pull(missing, tmp_path / "x", endpoint=hub.url, out=quiet)
+    assert main(["model", "pull", "gpt-oss-120b", "--dir", str(tmp_path / "x"), "--endpoint", hub.url]) \
+        == EXIT_MODEL_FETCH
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_directory_placed_by_hand_is_never_overwritten(hub, tmp_path):
+    dest = tmp_path / "gpt-oss-20b"
+    dest.mkdir()
+    (dest / "config.json").write_text("{}")
+    with pytest.raises(Exception, match="exists and was not pulled by gptoss-spark"):
+        pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    assert [p.name for p in dest.iterdir()] == ["config.json"]
+
+
+def test_list_shows_what_is_present_and_which_profiles_use_it(hub, tmp_path, capsys):
+    root = tmp_path / "models"
+    cfg = tmp_path / "gptoss-spark.toml"
+    cfg.write_text(f'[model]\ndir = "{root}/gpt-oss-120b"\neagle3_dir = "{root}/gpt-oss-120b-Eagle3"\n'
+                   f'[paths]\nprofile_dirs = ["{REPO}/etc/profiles"]\n')
+    assert main(["model", "pull", "gpt-oss-20b", "--config", str(cfg), "--endpoint", hub.url]) == 0
+    assert (root / "gpt-oss-20b" / MANIFEST_NAME).is_file()  # beside model.dir, under its own name
+    capsys.readouterr()
+    assert main(["model", "list", "--config", str(cfg)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "absent" in rows["gpt-oss-120b"] and rows["gpt-oss-120b"].split()[-1] == "cluster,fast,plain,spec"
+    assert f"pulled " in rows["gpt-oss-20b"] and f"@{hub.commit[:12]}" in rows["gpt-oss-20b"]
+    assert rows["gpt-oss-20b"].split()[-1] == "fast-20b,plain-20b,spec-20b"
+    assert rows["gpt-oss-120b-eagle3"].split()[-1] == "spec"
