@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRY = "vllm.entrypoints.openai.api_server"
 PROFILE_FILES = sorted(REPO.glob("etc/profiles*/*.toml"))
 GPU_PROFILE_FILES = sorted(REPO.glob("etc/profiles/*.toml"))
-SPARK_PROFILES = {"plain", "spec", "fast"}
+SPARK_PROFILES = {"plain", "spec", "fast", "plain-20b", "fast-20b", "spec-20b"}
 # Backends that serve gpt-oss's attention sinks on sm_12x with nothing downloaded and no
 # FlashInfer module: vLLM 0.32.0's FLASHINFER does sinks there only through XQA cubins it
 # deems available only when NVIDIA's artifactory answers at start (docs/CONFIGURATION.md).
@@ -50,6 +50,13 @@ def gpt_oss_120b_config() -> dict:
     }
 
 
+def gpt_oss_20b_config() -> dict:
+    # gpt-oss-20b: 24 layers and 32 experts, the same hidden size, heads and vocabulary (docs/HARDWARE.md).
+    cfg = gpt_oss_120b_config()
+    cfg.update(num_hidden_layers=24, num_local_experts=32, layer_types=["sliding_attention", "full_attention"] * 12)
+    return cfg
+
+
 def eagle3_head_config() -> dict:
     # A one-layer Eagle3 Llama head over gpt-oss's hidden states (the architecture class of
     # NVIDIA's gpt-oss-120b-Eagle3; sizes other than hidden/vocab are stand-ins).
@@ -63,18 +70,29 @@ def eagle3_head_config() -> dict:
     }
 
 
+def eagle3_20b_head_config() -> dict:
+    cfg = eagle3_head_config()
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 11, 21], "use_aux_hidden_state": True}
+    return cfg
+
+
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, demo_model_dir) -> tuple[Path, Path]:
+def checkpoints(tmp_path_factory, demo_model_dir) -> dict[str, tuple[Path, Path]]:
+    """Per model (a profile's `model`): a stand-in checkpoint and Eagle3 head directory."""
     root = tmp_path_factory.mktemp("ckpt")
-    model, eagle = root / "gpt-oss-120b", root / "gpt-oss-120b-Eagle3"
-    for d, cfg in ((model, gpt_oss_120b_config()), (eagle, eagle3_head_config())):
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(cfg))
-    # The reasoning parser (structured outputs) makes VllmConfig load the tokenizer:
-    # the demo model carries gpt-oss's own (o200k_harmony).
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(demo_model_dir / name, model / name)
-    return model, eagle
+    out = {}
+    for name, model_cfg, head_cfg in (("gpt-oss-120b", gpt_oss_120b_config(), eagle3_head_config()),
+                                      ("gpt-oss-20b", gpt_oss_20b_config(), eagle3_20b_head_config())):
+        model, eagle = root / name, root / f"{name}-Eagle3"
+        for d, cfg in ((model, model_cfg), (eagle, head_cfg)):
+            d.mkdir()
+            (d / "config.json").write_text(json.dumps(cfg))
+        # The reasoning parser (structured outputs) makes VllmConfig load the tokenizer:
+        # the demo model carries gpt-oss's own (o200k_harmony).
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(demo_model_dir / f, model / f)
+        out[name] = (model, eagle)
+    return out
 
 
 def settings_for(model_dir: Path, eagle_dir: Path):
@@ -121,11 +139,12 @@ def configs(checkpoints, request):
 
     def get(path: Path):
         if path.stem not in cache:
+            profile = shipped_profile(path)
             if path.stem in SPARK_PROFILES:
-                model, eagle = checkpoints
+                model, eagle = checkpoints[profile.model]
             else:  # CPU demo profiles serve the tiny generated model
-                model, eagle = request.getfixturevalue("demo_model_dir"), checkpoints[1]
-            args = vllm_args(build_argv(settings_for(model, eagle), shipped_profile(path)))
+                model, eagle = request.getfixturevalue("demo_model_dir"), checkpoints["gpt-oss-120b"][1]
+            args = vllm_args(build_argv(settings_for(model, eagle), profile))
             cache[path.stem] = (args, engine_config(args))
         return cache[path.stem]
 
@@ -134,6 +153,13 @@ def configs(checkpoints, request):
 
 def test_shipped_profiles_exist():
     assert SPARK_PROFILES <= {p.stem for p in PROFILE_FILES}, PROFILE_FILES
+
+
+@pytest.mark.parametrize("name, layers, experts", [("plain", 36, 128), ("plain-20b", 24, 32), ("spec-20b", 24, 32)])
+def test_each_profile_resolves_its_own_models_shapes(name, layers, experts, configs):
+    _, vc = configs(REPO / "etc" / "profiles" / f"{name}.toml")
+    hf = vc.model_config.hf_config
+    assert (hf.num_hidden_layers, hf.num_local_experts, hf.num_experts_per_tok) == (layers, experts, 4)
 
 
 @pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -160,7 +186,7 @@ def test_profiles_serve_what_gpt_oss_clients_use(path, configs):
     assert vc.structured_outputs_config.enable_in_reasoning is False
 
 
-@pytest.mark.parametrize("name", ["plain", "spec"])
+@pytest.mark.parametrize("name", ["plain", "spec", "plain-20b", "spec-20b"])
 def test_spark_profiles_resolve_the_upstream_options_they_rely_on(name, configs):
     from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Static, kMxfp8Dynamic
 
@@ -172,7 +198,7 @@ def test_spark_profiles_resolve_the_upstream_options_they_rely_on(name, configs)
     assert mc.quantization_config.moe.activation == kMxfp8Dynamic  # ... with MXFP8 activations
     assert vc.kernel_config.linear_backend == "marlin"
     assert vc.kernel_config.moe_backend == "flashinfer_cutlass"
-    if name == "spec":
+    if name.startswith("spec"):
         sc = vc.speculative_config
         assert (sc.method, sc.num_speculative_tokens) == ("eagle3", 1)
         assert sc.draft_model_config.architectures == ["LlamaForCausalLMEagle3"]
@@ -180,7 +206,7 @@ def test_spark_profiles_resolve_the_upstream_options_they_rely_on(name, configs)
         assert vc.speculative_config is None
 
 
-@pytest.mark.parametrize("name", ["plain", "fast"])
+@pytest.mark.parametrize("name", ["plain", "fast", "plain-20b", "fast-20b"])
 def test_the_moe_method_is_the_checkpoints_one_the_plugin_patches(name, configs):
     """GPTOSS_SPARK_MOE=triton patches GptOssMxfp4MoEMethod, which GptOssMxfp4Config builds for the
     experts unless an online MoE weight quantization replaces it: neither plain's activation-only
@@ -199,11 +225,12 @@ def test_the_moe_method_is_the_checkpoints_one_the_plugin_patches(name, configs)
     assert online.resolve_quant_method_cls(LinearBase, "model.layers.0.attn.qkv_proj") is not None  # dense: MXFP4
 
 
-def test_fast_names_no_vllm_moe_kernel(configs):
+@pytest.mark.parametrize("name", ["fast", "fast-20b"])
+def test_fast_names_no_vllm_moe_kernel(name, configs):
     """fast leaves vLLM's MoE kernel choice alone: with the plugin no vLLM MoE kernel is built or run."""
     from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Static
 
-    _, vc = configs(REPO / "etc" / "profiles" / "fast.toml")
+    _, vc = configs(REPO / "etc" / "profiles" / f"{name}.toml")
     qc = vc.model_config.quantization_config
     assert qc.moe is None and qc.linear.weight == kMxfp4Static
     assert vc.kernel_config.moe_backend == "auto" and vc.kernel_config.linear_backend == "marlin"
@@ -258,10 +285,10 @@ def test_draft_quantization_is_an_upstream_option(configs):
 def test_spark_profiles_enable_the_mxfp4_lm_head_and_drafter(name, configs):
     profile = shipped_profile(REPO / "etc" / "profiles" / f"{name}.toml")
     assert profile.env.get("GPTOSS_SPARK_MXFP4_LM_HEAD") == "1"
-    if name == "spec":
+    if name.startswith("spec"):
         from vllm.model_executor.models.utils import get_draft_quant_config
 
-        _, vc = configs(REPO / "etc" / "profiles" / "spec.toml")
+        _, vc = configs(REPO / "etc" / "profiles" / f"{name}.toml")
         assert get_draft_quant_config(vc) is not None
 
 
