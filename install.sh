@@ -22,7 +22,7 @@ SERVICE=gptoss-spark
 STATE_DIR=/var/lib/gptoss-spark
 PYTHON="${GPTOSS_SPARK_PYTHON:-/usr/bin/python3}"
 
-CPU=0 NO_START=0 DRY_RUN=0 ACTION=install PURGE=0 VERBOSE=0 ALLOW_GPU=0
+CPU=0 NO_START=0 DRY_RUN=0 ACTION=install PURGE=0 VERBOSE=0 ALLOW_GPU=0 PULL_MODEL=0
 ROLE_ARGS=()   # --role and its companions, passed to the cluster and preflight steps as given
 usage() {
     cat <<EOF
@@ -34,6 +34,8 @@ Usage: sudo $0 [options]
   --rollback               switch back to the previous version and restart
   --uninstall [--purge]    remove the service, its code and its user; --purge also
                            removes /etc/gptoss-spark and $STATE_DIR
+  --pull-model             fetch gpt-oss-120b into model.dir if it is missing (~65 GB, resumable,
+                           hash-checked: gptoss-spark model pull); without it a terminal is asked
   --python PATH            interpreter for the service's venv (default /usr/bin/python3)
   --verbose                show pip's full output
 Two Sparks, one engine (docs/CLUSTER.md); without these a re-run keeps the installed [cluster]:
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
         --cpu) CPU=1 ;;
         --allow-unsupported-gpu) ALLOW_GPU=1 ;;
         --no-start) NO_START=1 ;;
+        --pull-model) PULL_MODEL=1 ;;
         --dry-run) DRY_RUN=1 ;;
         --rollback) ACTION=rollback ;;
         --uninstall) ACTION=uninstall ;;
@@ -219,6 +222,23 @@ step link "${DRY[@]}"   # /usr/local/bin/gptoss-spark -> current/bin/gptoss-spar
 if [ "$DRY_RUN" = 1 ]; then
     status "Dry run done: nothing was changed."
     exit 0
+fi
+
+# ---------------------------------------------------------------- checkpoint
+# Offered, never fetched unasked: --pull-model fetches it (for scripts); otherwise a question, asked
+# only when stdin is a terminal. The pull is the installed command's (hash-checked, resumable).
+if [ "$CPU" = 0 ] && ! MODEL_DIR="$(step checkpoint --source "$SRC")"; then
+    if [ "$PULL_MODEL" = 0 ] && [ -t 0 ]; then
+        read -r -p "No checkpoint at $MODEL_DIR. Download gpt-oss-120b (~65 GB) from Hugging Face now? [y/N] " answer
+        case "$answer" in [yY]*) PULL_MODEL=1 ;; esac
+    fi
+    if [ "$PULL_MODEL" = 1 ]; then
+        status "Pulling gpt-oss-120b into $MODEL_DIR (interrupted? run it again: verified files are kept)"
+        /opt/gptoss-spark/current/bin/gptoss-spark model pull gpt-oss-120b --dir "$MODEL_DIR" \
+            || die $? "the checkpoint pull failed (the line above says why); run: sudo gptoss-spark model pull gpt-oss-120b"
+    else
+        warn "no checkpoint at $MODEL_DIR: the service will not start until it is there (sudo gptoss-spark model pull gpt-oss-120b)"
+    fi
 fi
 
 # ---------------------------------------------------------------- start

@@ -378,6 +378,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """Print model.dir; exit 0 if a checkpoint is there, 1 if not (install.sh then offers the pull)."""
+    model_dir = preflight.configured_model_dir(_layout(args), Path(args.source))
+    print(model_dir or "")
+    return 0 if model_dir is None or preflight.check_checkpoint(model_dir).warning is False else 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help="installer steps (run by install.sh)",
                        description="The steps of install.sh, one at a time. Run ./install.sh instead.")
@@ -409,6 +416,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--allow-unsupported-gpu", action="store_true",
                     help="install the Spark stack on a host that is not a DGX Spark")
     role_flags(sp)
+    step("checkpoint", cmd_checkpoint, "print model.dir; exit 1 if no checkpoint is there", source=True, dry=False)
     step("venv-id", cmd_venv_id, "print the id of the venv this source would build",
          source=True, mode=True, python=True, dry=False)
     step("dirs", cmd_dirs, "create /opt, /etc and /var/lib trees with owners and modes")

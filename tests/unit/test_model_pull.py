@@ -199,3 +199,17 @@ def test_list_shows_what_is_present_and_which_profiles_use_it(hub, tmp_path, cap
     assert f"pulled " in rows["gpt-oss-20b"] and f"@{hub.commit[:12]}" in rows["gpt-oss-20b"]
     assert rows["gpt-oss-20b"].split()[-1] == "fast-20b,plain-20b,spec-20b"
     assert rows["gpt-oss-120b-eagle3"].split()[-1] == "spec"
+
+
+def test_the_installer_step_says_whether_the_checkpoint_is_there(tmp_path, capsys):
+    """install.sh offers the pull when `install checkpoint` exits 1 (gptoss_spark/install/cli.py)."""
+    model = tmp_path / "m"
+    cfg = tmp_path / "root" / "etc" / "gptoss-spark" / "gptoss-spark.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(f'[model]\ndir = "{model}"\n')
+    step = ["install", "checkpoint", "--root", str(tmp_path / "root"), "--source", str(REPO)]
+    assert main(step) == 1 and capsys.readouterr().out.strip() == str(model)
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00000-of-00001.safetensors").write_bytes(b"x")
+    assert main(step) == 0
