@@ -102,6 +102,9 @@ class MemorySettings(_Section):
     # ... or the memory PSI "some avg10" exceeds this percentage.
     danger_psi_some_avg10: float = Field(40.0, gt=0, le=100)
     check_interval: float = Field(1.0, gt=0)
+    # Several services on one host (two models): each writes its claim (profile memory_gib) here and a
+    # start is refused when all claims + the floor exceed MemTotal (budget.py). Unset: this one only.
+    claims_dir: Path | None = None
 
 
 class AlertSettings(_Section):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .budget import MemoryBudget
 from .config import MemorySettings
 
 GIB = 1024 ** 3
@@ -62,9 +63,10 @@ class ProcMemorySource:
 
 
 class MemoryGuard:
-    def __init__(self, settings: MemorySettings, source: MemorySource):
+    def __init__(self, settings: MemorySettings, source: MemorySource, budget: MemoryBudget | None = None):
         self.settings = settings
         self.source = source
+        self.budget = budget  # the claims of the other services on this host (budget.py); None: this one only
         self.trips = 0
         self.last: MemoryReading | None = None
 
@@ -72,13 +74,23 @@ class MemoryGuard:
         self.last = self.source.read()
         return self.last
 
-    def start_refusal(self, needed_gib: float) -> str | None:
-        """Why an engine needing needed_gib must not start now, or None if it may."""
+    def start_refusal(self, needed_gib: float, *, profile: str | None = None, profile_gib: float | None = None,
+                      claim: bool = False) -> str | None:
+        """Why an engine needing needed_gib more must not start now, or None if it may. With a budget, the
+        profile's whole memory_gib (profile_gib) plus the other services' claims must fit in MemTotal
+        first; claim=True then records this service's claim (the start goes ahead)."""
         r = self.read()
+        if self.budget is not None and profile is not None:
+            full = needed_gib if profile_gib is None else profile_gib
+            refusal = self.budget.refusal(profile, full, self.settings.start_floor_gib, r.total_bytes / GIB)
+            if refusal:
+                return refusal
         want = needed_gib + self.settings.start_floor_gib
         if r.available_gib < want:
             return (f"only {r.available_gib:.1f} GiB available, the profile needs {needed_gib:g} GiB "
                     f"+ {self.settings.start_floor_gib:g} GiB floor; free memory or lower memory.start_floor_gib")
+        if claim and self.budget is not None and profile is not None:
+            self.budget.claim(profile, needed_gib if profile_gib is None else profile_gib)
         return None
 
     def danger(self) -> str | None:

@@ -31,6 +31,7 @@ from .engine import EngineProcess
 from .exit_reason import failure_signature
 from ..errors import ConfigError, RequirementError
 from ..exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
+from .budget import MemoryBudget
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .profiles import Profile, load_profiles, unknown_profiles
@@ -125,7 +126,9 @@ class SupervisorParts:
                       clock: Callable[[], float] = time.monotonic) -> "SupervisorParts":
         """ConfigError if a profile file is invalid: `serve` exits before anything starts."""
         return cls(store=StateStore(settings.state_file),
-                   guard=MemoryGuard(settings.memory, memory_source or ProcMemorySource()),
+                   guard=MemoryGuard(settings.memory, memory_source or ProcMemorySource(),
+                                     MemoryBudget(settings.memory.claims_dir, settings.model.served_name)
+                                     if settings.memory.claims_dir else None),
                    policy=RestartPolicy(settings.restart, clock),
                    profiles=load_profiles(settings))
 
@@ -272,7 +275,8 @@ class Supervisor:
         current = self.profiles.get(self.profile_name or "")
         # The current engine's memory comes back when it stops: count it as available.
         freed = current.memory_gib if current and self.engine is not None else 0.0
-        refusal = self.guard.start_refusal(max(0.0, profile.memory_gib - freed))
+        refusal = self.guard.start_refusal(max(0.0, profile.memory_gib - freed), profile=name,
+                                           profile_gib=profile.memory_gib)
         if refusal:
             raise Rejected("memory", f"profile {name}: {refusal}")
         op = self._new_op(CommandKind.SWITCH, name)
@@ -508,7 +512,7 @@ class Supervisor:
             vanished = f"profile {name} is not among this node's profiles" if self.role == "worker" \
                 else f"profile {name} vanished"
             return self._end_without_engine(str(e) if not isinstance(e, KeyError) else vanished, requirement=True)
-        refusal = self.guard.start_refusal(profile.memory_gib)
+        refusal = self.guard.start_refusal(profile.memory_gib, profile=name, claim=True)
         if refusal:
             return self._end_without_engine(f"memory guard refused start: {refusal}")
 

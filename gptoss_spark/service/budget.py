@@ -1,0 +1,80 @@
+"""The memory budget of several services on one host: each claims its profile's memory_gib, and a start
+is refused when the claims of the others plus its own (plus memory.start_floor_gib) exceed MemTotal.
+
+Why claims and not MemAvailable alone: an engine that is still loading has not taken its memory yet,
+so a second one started meanwhile would see it free, and on unified memory the two together freeze
+the host (docs/HARDWARE.md). A claim is a file `<memory.claims_dir>/<served_name>.json` naming the
+supervisor's pid and that process's start time; it is written when an engine is let start and holds
+while that supervisor runs (an engine in backoff will start again). A claim whose process is gone
+(or whose pid now belongs to another process) counts for nothing, so no cleanup is needed after a
+crash or a reboot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..fsutil import write_atomic
+
+
+@dataclass(frozen=True)
+class Claim:
+    instance: str
+    profile: str
+    memory_gib: float
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+class MemoryBudget:
+    def __init__(self, claims_dir: Path, instance: str, pid: int | None = None):
+        self.dir = claims_dir
+        self.instance = instance
+        self.pid = pid or os.getpid()
+
+    @property
+    def own_file(self) -> Path:
+        return self.dir / f"{self.instance}.json"
+
+    def others(self) -> list[Claim]:
+        """The live claims of the other services, by name."""
+        claims = []
+        for path in sorted(self.dir.glob("*.json")):
+            if path == self.own_file:
+                continue
+            try:
+                data = json.loads(path.read_text())
+                live = _start_time(int(data["pid"])) == data["start_time"]
+                claim = Claim(str(data["instance"]), str(data["profile"]), float(data["memory_gib"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if live:
+                claims.append(claim)
+        return claims
+
+    def claim(self, profile: str, memory_gib: float) -> None:
+        body = {"instance": self.instance, "profile": profile, "memory_gib": memory_gib, "pid": self.pid,
+                "start_time": _start_time(self.pid)}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.own_file, json.dumps(body).encode(), sync_dir=False)
+
+    def refusal(self, profile: str, memory_gib: float, floor_gib: float, total_gib: float) -> str | None:
+        """Why a start of `profile` must not happen with the others' claims; None if the sum fits."""
+        others = self.others()
+        total = sum(c.memory_gib for c in others) + memory_gib + floor_gib
+        if not others or total <= total_gib:
+            return None
+        held = ", ".join(f"{c.instance} holds {c.memory_gib:g} GiB ({c.profile})" for c in others)
+        terms = " + ".join(f"{c.memory_gib:g}" for c in others)
+        return (f"{held}; {terms} + {memory_gib:g} ({profile}) + {floor_gib:g} floor = {total:g} GiB, more than "
+                f"the host's {total_gib:.1f} GiB; stop a service or pick a smaller profile")
