@@ -18,19 +18,21 @@ CHUNK = 8 << 20
 class Digests:
     size: int
     sha256: str
-    git_sha1: str
+    git_sha1: str | None
 
 
-def digests(path: Path) -> Digests:
-    """sha256 and git blob sha1 (sha1 of "blob <size>\\0" + content) in one read."""
+def digests(path: Path, git_sha1: bool = True) -> Digests:
+    """sha256 and (git_sha1=True) the git blob sha1, sha1 of "blob <size>\\0" + content, in one read.
+    The pull asks for the sha1 of small files only: an LFS shard's git id is that of its pointer."""
     size = path.stat().st_size
     sha256 = hashlib.sha256()
-    sha1 = hashlib.sha1(b"blob %d\0" % size)
+    sha1 = hashlib.sha1(b"blob %d\0" % size) if git_sha1 else None
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):
             sha256.update(chunk)
-            sha1.update(chunk)
-    return Digests(size, sha256.hexdigest(), sha1.hexdigest())
+            if sha1 is not None:
+                sha1.update(chunk)
+    return Digests(size, sha256.hexdigest(), sha1.hexdigest() if sha1 is not None else None)
 
 
 def sha256_file(path: Path) -> str:

@@ -252,7 +252,7 @@ def _fetch(entry: Checkpoint, f: RemoteFile, commit: str, staging: Path, endpoin
 def _verify_fetched(entry: Checkpoint, f: RemoteFile, staging: Path) -> str:
     """The file's sha256 if it is what the hub lists; else delete it and raise CorruptError."""
     path = staging / f.path
-    d = digests(path)
+    d = digests(path, git_sha1=f.lfs_sha256 is None)
     if f.lfs_sha256:
         ok, got, want = d.sha256 == f.lfs_sha256, f"sha256 {d.sha256}", f"sha256 {f.lfs_sha256}"
     else:

@@ -213,3 +213,14 @@ def test_the_installer_step_says_whether_the_checkpoint_is_there(tmp_path, capsy
     (model / "config.json").write_text("{}")
     (model / "model-00000-of-00001.safetensors").write_bytes(b"x")
     assert main(step) == 0
+
+
+def test_the_git_blob_hash_is_gits_own(tmp_path):
+    """What the hub's blobId is for a small file: checked against `git hash-object`."""
+    from gptoss_spark.models.hashing import digests
+
+    f = tmp_path / "config.json"
+    f.write_bytes(tiny_checkpoint()["config.json"])
+    git = subprocess.run(["git", "hash-object", str(f)], capture_output=True, text=True, check=True).stdout.strip()
+    assert digests(f).git_sha1 == git
+    assert digests(f, git_sha1=False).git_sha1 is None
