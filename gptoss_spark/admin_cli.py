@@ -334,6 +334,12 @@ def render_status(snap: dict) -> str:
         if op.get("error"):
             line += f" ({op['error']})"
         rows.append(("operation", line))
+    start = snap.get("start") or {}
+    if start.get("current"):
+        cur = start["current"]
+        rows.append(("starting", f"{cur['phase']} phase, {cur['seconds']:.0f} s since spawn"))
+    if start.get("last"):
+        rows.append(("last start", render_start(start["last"])))
     rows.append(("last error", snap.get("last_error") or "-"))
     out = [f"{k:<11}{v}" for k, v in rows]
     transitions = snap.get("transitions") or []
@@ -343,6 +349,14 @@ def render_status(snap: dict) -> str:
             when = datetime.fromtimestamp(t["at"]).strftime("%H:%M:%S")
             out.append(f"  {when}  {t['from']:>8} -> {t['to']:<8}  {t.get('profile') or '-'}: {t['reason']}")
     return "\n".join(out)
+
+
+def render_start(last: dict) -> str:
+    """One line: how long the last engine start took, by phase, and what it compiled."""
+    took = f"{last['ready_seconds']:.1f} s" if last.get("ready_seconds") is not None else "not ready"
+    phases = ", ".join(f"{p} {v:.1f}" for p, v in (last.get("phases") or {}).items())
+    compiled = "; ".join(last.get("compiled") or []) or "nothing"
+    return f"{took} ({phases}); compiled {compiled}"
 
 
 def render_profiles(body: dict) -> str:

@@ -142,6 +142,26 @@ def check_draft_head(settings: Settings, profile: Profile | None) -> list[Findin
                                  f"fc takes {report.get('fc_in_features')} inputs")]
 
 
+def check_warm(settings: Settings) -> Finding:
+    """Which profiles this host can run would start without compiling (warmup.py's markers)."""
+    from .warmup import runnable, warm_state
+
+    try:
+        can, _ = runnable(settings, load_profiles(settings))
+    except ConfigError as e:
+        return Finding("warm", FAIL, str(e))
+    cold = {p.name: warm_state(settings, p) for p in can}
+    cold = {n: s for n, s in cold.items() if s != "warm"}
+    if not can:
+        return Finding("warm", WARN, "no profile can run on this host")
+    if not cold:
+        return Finding("warm", OK, f"{', '.join(p.name for p in can)}: a start compiles nothing")
+    listed = ", ".join(f"{n} ({'never warmed' if s == 'never' else 'warmed under other versions'})"
+                       for n, s in sorted(cold.items()))
+    return Finding("warm", WARN, f"not warm: {listed}; their next start compiles (minutes on a Spark): "
+                                 "sudo -u gptoss-spark gptoss-spark warmup --if-cold")
+
+
 def check_service(settings: Settings) -> Finding:
     host = "127.0.0.1" if settings.admin.host in ("0.0.0.0", "::") else settings.admin.host
     try:
@@ -191,7 +211,8 @@ def run_checks(settings: Settings, venv: Path) -> list[Finding]:
     profile_finding, profile = check_profile(settings)
     checks: list[Callable[[], Finding]] = [
         lambda: profile_finding, lambda: check_tiktoken(settings), lambda: check_patches(venv),
-        lambda: check_memory(settings), check_gpu, check_syscall_filter, lambda: check_lan_dropin(settings),
+        lambda: check_memory(settings), check_gpu, lambda: check_warm(settings), check_syscall_filter,
+        lambda: check_lan_dropin(settings),
         lambda: check_service(settings)]
     findings += [c() for c in checks]
     findings[-1:-1] = check_flashinfer(settings, profile) + check_draft_head(settings, profile)  # before the service

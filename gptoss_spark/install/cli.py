@@ -11,6 +11,7 @@ import argparse
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from . import cluster, dropins, locks, peer, placement, preflight, uninstall, va
 from .checks import Check
 from ..exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
 from ..service.defaults import ADMIN_PORT, LOOPBACK
-from .layout import InstallError, Layout, layout_from_env
+from .layout import SERVICE, InstallError, Layout, layout_from_env
 
 
 def _say(*lines: str) -> None:
@@ -157,6 +158,13 @@ def cmd_assets(args: argparse.Namespace) -> int:
 def cmd_flashinfer(args: argparse.Namespace) -> int:
     layout = _layout(args)
     venvs.prebuild_flashinfer(layout, layout.venvs_dir / args.venv_id, cpu=args.cpu, log=_say, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    active = subprocess.run(["systemctl", "is-active", "--quiet", SERVICE]).returncode == 0
+    venvs.warm_up(layout, layout.venvs_dir / args.venv_id, service_active=active, log=_say, dry_run=args.dry_run)
     return 0
 
 
@@ -429,6 +437,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
     step("token", cmd_token, "admin token and API key, only if absent")
     sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
+    sp.add_argument("--venv-id", required=True)
+    sp = step("warmup", cmd_warmup, "start each profile's engine once (later starts compile nothing)")
     sp.add_argument("--venv-id", required=True)
     sp = step("unit", cmd_unit, "keep the unit with its venv (installed now if that venv is current)", source=True)
     sp.add_argument("--venv-id", required=True)

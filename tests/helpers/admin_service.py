@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -100,6 +100,8 @@ danger_psi_some_avg10 = 100
 
     def engine_pids(self) -> list[int]:
         pids = []
+        if not self.log_path.exists():  # serve never started
+            return pids
         for line in self.log_path.read_text().splitlines():
             try:
                 e = json.loads(line)
@@ -140,18 +142,23 @@ danger_psi_some_avg10 = 100
 
 
 @contextmanager
-def running_service(model_dir: Path, profiles: dict[str, str]) -> Iterator[Service]:
-    """A started, ready service; afterwards the serve process and every engine it started are gone."""
+def running_service(model_dir: Path, profiles: dict[str, str],
+                    before_start: Callable[[Service], None] | None = None) -> Iterator[Service]:
+    """A started, ready service; afterwards the serve process and every engine it started are gone.
+
+    before_start: run with the service's settings in place, before `serve` starts (e.g. a warm-up)."""
     # A short path: vLLM's zmq IPC sockets live in the engine's TMPDIR (state_dir/run/engine-*/<uuid>)
     # and an AF_UNIX path may not exceed 107 bytes; pytest's tmp dirs are too deep for that.
     tmp = Path(tempfile.mkdtemp(prefix="gsa-", dir="/tmp"))
     svc = Service(tmp, model_dir, profiles)
-    svc.start()
     try:
+        if before_start is not None:
+            before_start(svc)
+        svc.start()
         svc.wait_ready()
         yield svc
     finally:
-        if svc.proc.poll() is None:
+        if svc.proc is not None and svc.proc.poll() is None:
             svc.proc.kill()
             svc.proc.wait()
         for pid in svc.engine_pids():  # only the engines this service started
