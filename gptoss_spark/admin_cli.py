@@ -27,11 +27,11 @@ from typing import Any
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
-from .service.defaults import CONFIG_HELP
+from .base.defaults import CONFIG_HELP
 from .service.states import State
 from .service.status import CommandKind, OperationView, OpStatus, StatusFormatError, parse_state
-from .errors import UserError
-from .exit_codes import EXIT_FAILED, EXIT_NOPERM, EXIT_UNAVAILABLE
+from .base.errors import UserError
+from .base.exit_codes import EXIT_FAILED, EXIT_NOPERM, EXIT_UNAVAILABLE
 
 REQUEST_TIMEOUT = 10.0
 POLL_SECONDS = 1.0
@@ -96,7 +96,7 @@ def admin_url(settings: Settings) -> str:
 
 
 def read_token_for_cli(settings: Settings) -> str:
-    from .admin.auth import TokenUnavailable, read_token
+    from .base.token import TokenUnavailable, read_token
     path = settings.admin.token_file
     try:
         with path.open("rb"):

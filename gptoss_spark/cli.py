@@ -12,8 +12,8 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import UserError
-from .exit_codes import EXIT_INTERRUPTED
+from .base.errors import UserError
+from .base.exit_codes import EXIT_INTERRUPTED
 
 COMMAND_MODULES = (
     "gptoss_spark.commands",

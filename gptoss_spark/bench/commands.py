@@ -16,9 +16,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
-from ..exit_codes import EXIT_INTERRUPTED
-from ..service.defaults import CONFIG_HELP
+from ..base.errors import ConfigError, UserError
+from ..base.exit_codes import EXIT_INTERRUPTED
+from ..base.defaults import CONFIG_HELP
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path

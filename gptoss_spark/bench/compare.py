@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 from .arena import RESULT_KIND_ARENA
 from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from ..service.defaults import ADMIN_URL
+from ..base.defaults import ADMIN_URL
 
 DEFAULT_ADMIN_URL = ADMIN_URL  # the admin API with the default settings
 PATCH_MANIFEST_NAME = "gptoss-spark-patches.json"

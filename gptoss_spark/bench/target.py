@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from ..errors import UserError
-from ..exit_codes import EXIT_UNAVAILABLE
-from ..service.defaults import ENGINE_URL
+from ..base.errors import UserError
+from ..base.exit_codes import EXIT_UNAVAILABLE
+from ..base.defaults import ENGINE_URL
 
 # The engine with the default settings; `bench ab` reads the settings file instead.
 DEFAULT_BASE_URL = ENGINE_URL

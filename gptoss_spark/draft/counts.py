@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from ..errors import UserError
+from ..base.errors import UserError
 
 COUNTS_FORMAT = "gptoss-spark.token-counts"
 

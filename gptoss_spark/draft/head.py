@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import UserError
-from ..exit_codes import EXIT_INTERRUPTED
+from ..base.errors import UserError
+from ..base.exit_codes import EXIT_INTERRUPTED
 from .cli import register
 
 

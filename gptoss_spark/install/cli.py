@@ -16,8 +16,8 @@ from pathlib import Path
 
 from . import cluster, dropins, locks, peer, placement, preflight, uninstall, validate, venvs, versions, why
 from .checks import Check
-from ..exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
-from ..service.defaults import ADMIN_PORT, LOOPBACK
+from ..base.exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
+from ..base.defaults import ADMIN_PORT, LOOPBACK
 from .layout import InstallError, Layout, layout_from_env
 
 

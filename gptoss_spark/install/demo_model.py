@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 from .tiktoken_file import FILE_NAME as TIKTOKEN_FILE_NAME
 from .tiktoken_file import install_tiktoken_file
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from ..fsutil import write_atomic
+from ..base.fsutil import write_atomic
 
 log = structlog.get_logger("gptoss_spark.service.store")
 
