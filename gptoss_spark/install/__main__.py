@@ -7,12 +7,12 @@ import sys
 
 from ..base.errors import UserError
 from ..base.exit_codes import EXIT_INTERRUPTED
-from .cli import register
+from .cli import register_steps
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptoss-spark")
-    register(parser.add_subparsers(dest="command", required=True))
+    register_steps(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["install", *(sys.argv[1:] if argv is None else argv)])
     try:
         return int(args.func(args) or 0)

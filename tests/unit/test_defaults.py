@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark import cli
-from gptoss_spark.admin_cli import admin_url, local_url
+from gptoss_spark.admin.client import admin_url
+from gptoss_spark.base.net import local_url
 from gptoss_spark.install import placement
 from gptoss_spark.install.layout import Layout
 from gptoss_spark.base import defaults

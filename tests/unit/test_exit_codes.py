@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from gptoss_spark.base import exit_codes
-from gptoss_spark.admin_cli import ApiError, ServiceDown, TokenUnreadable
+from gptoss_spark.admin.client import ApiError, ServiceDown, TokenUnreadable
 from gptoss_spark.bench.target import ServerUnreachable
 from gptoss_spark.base.errors import RequirementError, UserError
 from gptoss_spark.install import patching

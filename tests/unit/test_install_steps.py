@@ -606,7 +606,10 @@ def test_install_package_and_the_floor_are_stdlib_only():
 
 def test_registered_in_main_cli():
     from gptoss_spark import cli
-    assert "gptoss_spark.install" in cli.COMMAND_MODULES
+    from gptoss_spark.install import cli as install_cli
+    assert install_cli in cli.COMMAND_MODULES
+    args = cli.build_parser().parse_args(["install", "summary"])
+    assert args.install_step == "summary"
 
 
 # ---------------------------------------------------------------- the command on PATH

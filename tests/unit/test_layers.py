@@ -20,12 +20,13 @@ FLOORS: list[set[str]] = [
     {"base"},                     # stdlib only, nothing of ours
     {"mxfp4"},                    # the MXFP4 format (torch)
     {"service"},                  # the supervisor and what it is made of
-    {"admin", "install", "admin_cli"},  # the admin API; the installer; the admin CLI
+    {"admin", "install"},         # the admin API and its client; the installer
     {"kernels"},
     {"flashinfer_jit"},
     {"bench"},
     {"draft"},
-    {"commands", "doctor", "cli"},  # the command line's top
+    {"commands", "admin_cli", "doctor"},  # commands of the top: serve, check, status, doctor
+    {"cli"},                      # the parser, which lists every package's commands
 ]
 
 
