@@ -3,7 +3,8 @@
 One convention: each package with commands has a `cli.py` whose register(subparsers) adds
 them (the top-level modules commands.py, admin_cli.py and doctor.py are such modules
 themselves), imported here by name; each parser it adds sets `func(args) -> int`.
-UserError ends in one line on stderr and its exit code, never a traceback.
+base/errors.run_command runs the chosen one: a UserError ends in one line on stderr and its exit
+code, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import argparse
 import sys
 
 from . import __version__, admin_cli, commands, doctor
-from .base.errors import UserError
-from .base.exit_codes import EXIT_INTERRUPTED
+from .base.errors import run_command
 from .bench import cli as bench_cli
 from .draft import cli as draft_cli
 from .flashinfer_jit import cli as flashinfer_cli
@@ -36,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"gptoss-spark: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_command(args.func, args, "gptoss-spark")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..base.errors import UserError
-from ..base.exit_codes import EXIT_INTERRUPTED
+from ..base.errors import run_command
 from .cli import register_steps
 
 
@@ -14,13 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptoss-spark")
     register_steps(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["install", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"gptoss-spark install: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_command(args.func, args, "gptoss-spark install")
 
 
 if __name__ == "__main__":
