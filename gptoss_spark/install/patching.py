@@ -35,7 +35,7 @@ from pathlib import Path
 from ..base.errors import UserError
 from ..base.exit_codes import (EXIT_PATCH_APPLY, EXIT_PATCH_DRIFT, EXIT_PATCH_INPUT, EXIT_PATCH_NOT_APPLIED,
                           EXIT_PATCH_SET, EXIT_PATCH_TAMPERED, EXIT_PATCH_VERSION)
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 
 MANIFEST_NAME = "gptoss-spark-patches.json"
 SERIES_NAME = "series.json"
@@ -264,7 +264,7 @@ def load_patch_set(directory: Path | None = None, venv: Path | str | None = None
         raise PatchInputError(f"no patch set at {directory} ({SERIES_NAME} missing); "
                               f"pass --patches-dir or set {ENV_PATCHES_DIR} to the checkout's patches/vllm")
     try:
-        series = json.loads(series_path.read_text())
+        series = read_json(series_path)
         version = str(series["vllm_version"])
         dists = tuple(series.get("distributions", ["vllm"]))
         names = tuple(series["patches"])
@@ -386,7 +386,7 @@ def file_states(target: Target, ps: PatchSet) -> list[FileState]:
 
 def read_manifest(target: Target) -> dict | None:
     try:
-        data = json.loads(target.manifest_path.read_text())
+        data = read_json(target.manifest_path)
     except FileNotFoundError:
         return None
     except ValueError:

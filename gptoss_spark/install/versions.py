@@ -29,7 +29,7 @@ from typing import Callable
 
 from . import dropins, placement
 from ..base.exit_codes import EXIT_NO_PREVIOUS, EXIT_VENV
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 from .layout import UNIT_NAME, InstallError, Layout
 from .placement import Placed
 from .venvs import _atomic_symlink, is_complete, prune, read_link_id
@@ -46,7 +46,7 @@ def _sha(data: bytes) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except (OSError, ValueError):
         return {}
 
