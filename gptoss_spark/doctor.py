@@ -17,8 +17,8 @@ from typing import Callable
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
-from .service.defaults import CONFIG_HELP
-from .errors import ConfigError, UserError
+from .base.defaults import CONFIG_HELP
+from .base.errors import ConfigError, UserError
 from .service.exit_reason import SYSCALL_FILTER_DROPIN, SYSCALL_FILTER_OFF
 from .service.memory import ProcMemorySource
 from .service.profiles import Profile, load_profiles
@@ -102,7 +102,7 @@ def check_flashinfer(settings: Settings, profile: Profile | None) -> list[Findin
     """The kernel caches the active profile needs: each FlashInfer JIT module, built or missing, for which arch."""
     if profile is None:
         return [Finding("flashinfer", WARN, "no active profile to list FlashInfer modules for")]
-    from .flashinfer_jit import cache
+    from .service import flashinfer_cache as cache
     from .flashinfer_jit.build import status
 
     if cache.dist_version(cache.FLASHINFER_DIST) is None:
@@ -194,7 +194,8 @@ def check_lan_dropin(settings: Settings,
                      dropin: Path = Path("/etc/systemd/system/gptoss-spark.service.d/30-lan.conf")) -> Finding:
     """The unit lets loopback traffic through only; a host off loopback needs the drop-in
     install.sh writes, or clients get no answer at all (their connections time out)."""
-    from .install.dropins import is_loopback, is_masked
+    from .base.net import is_loopback
+    from .install.dropins import is_masked
 
     off = [f"{name}.host {host}" for name, host in (("engine", settings.engine.host), ("admin", settings.admin.host))
            if not is_loopback(host)]

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import httpx
 
-from .errors import UserError
-from .exit_codes import EXIT_FAILED
-from .fsutil import write_atomic
+from .base.errors import UserError
+from .base.exit_codes import EXIT_FAILED
+from .base.fsutil import write_atomic
 from .service.api_access import read_api_key
 from .service.config import Settings, load_settings, resolve_config_path
-from .service.defaults import CONFIG_HELP
+from .base.defaults import CONFIG_HELP
 from .service.engine import EngineProcess
 from .service.memory import MemoryGuard, ProcMemorySource
 from .service.probes import EngineProbe

@@ -15,10 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import cluster, dropins, locks, peer, placement, preflight, uninstall, validate, venvs, versions, why
+from . import (cluster, demo_model, dropins, locks, patching, peer, placement, preflight, uninstall, validate, venvs,
+               versions, why)
 from .checks import Check
-from ..exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
-from ..service.defaults import ADMIN_PORT, LOOPBACK
+from ..base.exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
+from ..base.defaults import ADMIN_PORT, LOOPBACK
 from .layout import SERVICE, InstallError, Layout, layout_from_env
 
 
@@ -387,6 +388,14 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """`install STEP`, and the two install-time commands that run in the new venv: `demo-model`
+    and `patches` (their options stand beside their code)."""
+    register_steps(sub)
+    demo_model.register(sub)
+    patching.register(sub)
+
+
+def register_steps(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help="installer steps (run by install.sh)",
                        description="The steps of install.sh, one at a time. Run ./install.sh instead.")
     steps = p.add_subparsers(dest="install_step", metavar="STEP", required=True)

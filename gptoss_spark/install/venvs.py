@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV, EXIT_WARMUP
+from ..base.exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV, EXIT_WARMUP
 from .layout import InstallError, SERVICE, Layout
 from .locks import CPU_UNWANTED, UNWANTED, LockTarget
 

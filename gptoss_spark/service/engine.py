@@ -23,7 +23,7 @@ import structlog
 from .api_access import read_api_key
 from .config import Settings
 from .exit_reason import describe_exit
-from ..flashinfer_jit import cache as fi_cache
+from . import flashinfer_cache as fi_cache
 from .headless import JOIN_RE, LAUNCHER
 from .logs import ENGINE_LOGGER, vllm_line_level
 from .memory import ProcMemorySource
@@ -121,7 +121,7 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
 
 
 def flashinfer_env(settings: Settings, profile: Profile, environ: dict[str, str]) -> dict[str, str]:
-    """CUDA_HOME, ninja on PATH, the keyed FlashInfer workspace and a bounded MAX_JOBS (flashinfer_jit/cache.py).
+    """CUDA_HOME, ninja on PATH, the keyed FlashInfer workspace and a bounded MAX_JOBS (flashinfer_cache.py).
 
     The key is the supervisor's own venv's FlashInfer (the engine runs from the same
     venv); without FlashInfer (the CPU build) the workspace stays cache_env()'s.

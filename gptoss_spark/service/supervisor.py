@@ -29,8 +29,8 @@ from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
 from .exit_reason import failure_signature
-from ..errors import ConfigError, RequirementError
-from ..exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
+from ..base.errors import ConfigError, RequirementError
+from ..base.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .startup import StartupHistory

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from gptoss_spark.service.engine import _session_members
+from tests.helpers.demo_settings import demo_settings_toml
 
 TOKEN = "integration-" + "c" * 40
 DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
@@ -57,36 +58,10 @@ class Service:
         self.token_file.chmod(0o640)
         self.state_file = tmp / "state" / "state.json"
         self.config = tmp / "gptoss-spark.toml"
-        self.config.write_text(f"""
-default_profile = "demo"
-[model]
-dir = "{model_dir}"
-tiktoken_dir = "{model_dir}"
-[engine]
-port = {self.engine_port}
-cpu_affinity = [{os.cpu_count() - 1}]
-[admin]
-port = {self.admin_port}
-token_file = "{self.token_file}"
-[paths]
-state_dir = "{tmp}/state"
-profile_dirs = ["{pdir}"]
-[timeouts]
-load = 900
-canary = 60
-drain = 3
-shutdown_grace = 8
-probe_interval = 2
-[restart]
-max_crashes = 3
-backoff_initial = 1
-[wedge]
-canary_interval = 0
-[memory]
-start_floor_gib = 0.5
-danger_available_gib = 0.2
-danger_psi_some_avg10 = 100
-""")
+        self.config.write_text(demo_settings_toml(
+            model_dir=model_dir, state_dir=tmp / "state", profile_dirs=[pdir], token_file=self.token_file,
+            engine_port=self.engine_port, admin_port=self.admin_port,
+            restart={"max_crashes": 3, "backoff_initial": 1}))
         self.log_path = tmp / "serve.log"
         self.admin = httpx.Client(base_url=f"http://127.0.0.1:{self.admin_port}", timeout=30)
         self.auth = {"Authorization": f"Bearer {TOKEN}"}

@@ -15,7 +15,7 @@ from pathlib import Path
 from gptoss_spark.service.startup import StartupRecord
 from gptoss_spark.service.probes import EngineMetrics
 from gptoss_spark.service.states import State
-from gptoss_spark.exit_codes import EXIT_GAVE_UP, EXIT_OK
+from gptoss_spark.base.exit_codes import EXIT_GAVE_UP, EXIT_OK
 from gptoss_spark.service.supervisor import OpStatus, Supervisor
 from tests.helpers.supervisor_settings import FakeMemory, make_settings
 
