@@ -13,7 +13,7 @@ import hashlib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 from . import arena as spark_arena
 from . import benchy
 from .load import loadtest_result, run_load

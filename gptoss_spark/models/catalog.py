@@ -45,7 +45,7 @@ CATALOG: dict[str, Checkpoint] = {c.name: c for c in (
 
 
 def checkpoint(name: str) -> Checkpoint:
-    from ..errors import UserError
+    from ..base.errors import UserError
 
     if name not in CATALOG:
         raise UserError(f"unknown checkpoint {name!r} (known: {', '.join(CATALOG)}); `gptoss-spark model list` "

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fsutil import write_atomic
+from ..base.fsutil import write_atomic
 from .hashing import sha256_file
 
 MANIFEST_NAME = ".gptoss-spark-manifest.json"
@@ -57,7 +57,7 @@ def read_manifest(directory: Path) -> Manifest | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        from ..errors import UserError
+        from ..base.errors import UserError
 
         raise UserError(f"{path}: unreadable manifest ({e}); pull the checkpoint again "
                         "(gptoss-spark model pull)") from None

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
-from ..errors import UserError
-from ..exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE
-from ..fsutil import write_atomic
+from ..base.errors import UserError
+from ..base.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE
+from ..base.fsutil import write_atomic
 from .catalog import Checkpoint
 from .hashing import digests
 from .manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest

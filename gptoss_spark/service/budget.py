@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fsutil import write_atomic
+from ..base.fsutil import write_atomic
 
 
 @dataclass(frozen=True)

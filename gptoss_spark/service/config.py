@@ -1,7 +1,7 @@
 """Service settings: the settings file (defaults.DEFAULT_CONFIG_PATH) -> validated, typed objects.
 
 One source of truth for ports, paths, timeouts and policies (the default addresses and the
-settings path are defaults.py's, which the stdlib-only installer reads too). Profiles (what the
+settings path are base/defaults.py's, which the stdlib-only installer reads too). Profiles (what the
 engine runs) live in profiles.py; this module only says where to find them.
 Every error a user can cause ends in a ConfigError naming file, key and fix.
 """
@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 
-from ..errors import ConfigError
-from .defaults import ADMIN_PORT, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK
+from ..base.errors import ConfigError
+from ..base.defaults import ADMIN_PORT, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK
+from ..base.net import is_loopback
 
 
 class _Section(BaseModel):
@@ -169,8 +170,6 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _network_needs_a_key(self) -> "Settings":
         # Beyond loopback anyone on the network could use the engine: not without a key.
-        from .api_access import is_loopback
-
         if not is_loopback(self.engine.host) and self.engine.api_key_file is None:
             raise ValueError(f"engine.host {self.engine.host!r} serves the network, so engine.api_key_file is "
                              "required: set it to /etc/gptoss-spark/api.key (the installer makes it)")
@@ -179,8 +178,6 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _cluster_reachable(self) -> "Settings":
         # The supervisors talk over the admin API: on loopback the peer could not reach it.
-        from .api_access import is_loopback
-
         c = self.cluster
         if c is not None and is_loopback(self.admin.host):
             raise ValueError(f"[cluster] is set but admin.host is {self.admin.host!r}, which the peer cannot "

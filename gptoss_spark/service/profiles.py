@@ -35,7 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import Settings, read_toml, validation_to_config_error
-from ..errors import ConfigError, RequirementError
+from ..base.errors import ConfigError, RequirementError
 
 PROFILE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 # A token that starts an option (--flag, --flag=value, -x); "-1" is a value.

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gptoss_spark.exit_codes import EXIT_GAVE_UP
+from gptoss_spark.base.exit_codes import EXIT_GAVE_UP
 from gptoss_spark.service.engine import _session_members
 
 pytestmark = pytest.mark.integration

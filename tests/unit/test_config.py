@@ -8,7 +8,7 @@ import pytest
 
 from gptoss_spark.service.config import load_settings
 from gptoss_spark.service import profiles as profiles_mod
-from gptoss_spark.errors import ConfigError, RequirementError
+from gptoss_spark.base.errors import ConfigError, RequirementError
 from gptoss_spark.service.profiles import get_profile, load_profile_file, load_profiles
 
 REPO = Path(__file__).resolve().parents[2]

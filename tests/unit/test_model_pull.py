@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from gptoss_spark.cli import main  # noqa: E402
-from gptoss_spark.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE  # noqa: E402
+from gptoss_spark.base.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE  # noqa: E402
 from gptoss_spark.models.catalog import CATALOG, identify  # noqa: E402
 from gptoss_spark.models.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
 from gptoss_spark.models.pull import CorruptError, FetchError, SpaceError, pull, staging_dir  # noqa: E402

@@ -129,20 +129,20 @@ def test_bad_venv_input_is_one_line_with_a_fix(tmp_path, capsys, setup, expect):
 
 def test_a_write_failure_rolls_back_every_file(venv, monkeypatch, capsys):
     before = snapshot(venv)
-    real = patching._write_atomic
+    real = patching.write_atomic
     calls = []
 
-    def failing(path, data, mode):
+    def failing(path, data, mode, **kw):
         calls.append(path)
         if len(calls) == 3:  # the first two files are written, then the third fails
             raise OSError(28, "No space left on device", str(path))
-        real(path, data, mode)
+        real(path, data, mode, **kw)
 
-    monkeypatch.setattr(patching, "_write_atomic", failing)
+    monkeypatch.setattr(patching, "write_atomic", failing)
     assert main(["patches", "apply", "--venv", str(venv)]) == patching.ApplyFailedError.exit_code
     err = capsys.readouterr().err
     assert "No space left on device" in err and "every file written was restored" in err
-    monkeypatch.setattr(patching, "_write_atomic", real)
+    monkeypatch.setattr(patching, "write_atomic", real)
     assert snapshot(venv) == before  # contents restored, the new file removed, no manifest
 
 

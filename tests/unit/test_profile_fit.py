@@ -12,7 +12,7 @@ import pytest
 from gptoss_spark.service import profiles as profiles_mod
 from gptoss_spark.admin_cli import render_profiles
 from gptoss_spark.service.config import load_settings
-from gptoss_spark.errors import RequirementError
+from gptoss_spark.base.errors import RequirementError
 from gptoss_spark.service.fit import why_not
 from gptoss_spark.service.profiles import load_profiles
 

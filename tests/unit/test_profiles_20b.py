@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.errors import ConfigError, RequirementError
+from gptoss_spark.base.errors import ConfigError, RequirementError
 from gptoss_spark.service import profiles as profiles_mod
 from gptoss_spark.service.config import load_settings
 from gptoss_spark.service.fit import why_not

@@ -12,13 +12,13 @@ import pwd
 import sys
 from pathlib import Path
 
-from ..errors import UserError
-from ..exit_codes import EXIT_MODEL_CORRUPT
-from ..service.config import Settings, load_settings, resolve_config_path
-from ..service.defaults import CONFIG_HELP
-from .catalog import CATALOG, Checkpoint, checkpoint, default_dir, identify
-from .manifest import read_manifest, verify
-from .pull import _gb, pull, staging_dir
+from .base.errors import UserError
+from .base.exit_codes import EXIT_MODEL_CORRUPT
+from .service.config import Settings, load_settings, resolve_config_path
+from .base.defaults import CONFIG_HELP
+from .models.catalog import CATALOG, Checkpoint, checkpoint, default_dir, identify
+from .models.manifest import read_manifest, verify
+from .models.pull import _gb, pull, staging_dir
 
 SERVICE_USER = "gptoss-spark"
 
@@ -103,7 +103,7 @@ def _verify_progress(i: int, n: int, rel: str, size: int) -> None:
 
 
 def _profiles_using(entry: Checkpoint, settings: Settings) -> list[str]:
-    from ..service.profiles import load_profiles
+    from .service.profiles import load_profiles
 
     try:
         profiles = load_profiles(settings)

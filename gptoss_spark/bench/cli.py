@@ -16,16 +16,16 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
-from ..exit_codes import EXIT_INTERRUPTED
-from ..service.defaults import CONFIG_HELP
+from ..base.errors import ConfigError, UserError
+from ..base.exit_codes import EXIT_INTERRUPTED
+from ..base.defaults import CONFIG_HELP
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
 from .render import render_ab, render_arena, render_bench, render_compare, render_loadtest
 from .request import ENDPOINTS
 from .snapshot import DEFAULT_ADMIN_URL
-from .target import DEFAULT_BASE_URL, resolve_target
+from .target import DEFAULT_BASE_URL, api_key_for, resolve_target
 
 BENCH_USAGE = """gptoss-spark bench [options]                      single stream (the seed's protocol)
        gptoss-spark bench compare A.json B.json [--json]  two results side by side
@@ -127,34 +127,6 @@ def _emit(result: dict, args, human: str) -> None:
     print(json.dumps(result, indent=2) if args.json else human, end="\n" if args.json else "")
 
 
-def api_key_for(args, url: str, settings=None) -> str | None:
-    """The key to send to url: --api-key-file's, else the settings' key if url is the settings' engine.
-
-    Never the service's key to another server: --url elsewhere needs --api-key-file.
-    """
-    from ..admin_cli import local_url
-    from ..service.api_access import read_api_key
-    from ..service.config import load_settings, resolve_config_path
-
-    if args.api_key_file is not None:
-        try:
-            key = args.api_key_file.read_text().strip()
-        except OSError as e:
-            raise UserError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}; "
-                            "pass a readable file (root or the gptoss-spark group for the service's)") from None
-        if not key:
-            raise UserError(f"--api-key-file {args.api_key_file} is empty; pass the file with the key")
-        return key
-    if settings is None:
-        try:
-            settings = load_settings(resolve_config_path(getattr(args, "config", None)), must_exist=False)
-        except ConfigError:
-            return None  # no usable settings, so no key of theirs; a 401 then says --api-key-file
-    if url.rstrip("/") != local_url(settings.engine.host, settings.engine.port):
-        return None
-    return read_api_key(settings)
-
-
 def cmd_bench(args) -> int:
     prompts, source = run.prompts_for(args)
     target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
@@ -186,7 +158,8 @@ def _say(text: str) -> None:
 
 
 def cmd_ab(args) -> int:
-    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, state_of, switch_limit
+    from ..admin.client import Client, admin_url, read_token_for_cli, state_of, switch_limit
+    from ..base.net import local_url
     from ..service.states import State
     from ..service.config import load_settings, resolve_config_path
     from .ab import Service, ab_result, check_profile_names, run_ab, served_profile_problem
