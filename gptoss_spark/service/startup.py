@@ -39,8 +39,9 @@ MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("process", re.compile(r"Starting to load model ")),
     # model_loader/default_loader.py "Loading weights took"; gpu_model_runner.py "Model loading took"
     ("weights", re.compile(r"Loading weights took|Model loading took")),
-    # compilation/monitor.py: total torch.compile time, whether compiled or loaded from the cache
-    ("compile", re.compile(r"torch\.compile takes [\d.]+ s in total")),
+    # compilation/monitor.py: total torch.compile time, whether compiled or loaded from the cache; where
+    # torch's AOT compile runs the model (the CPU runner logs no total), the profiling run that follows it
+    ("compile", re.compile(r"torch\.compile takes [\d.]+ s in total|Initial profiling/warmup run took")),
     # v1/worker/gpu_model_runner.py, gpu/model_runner.py; "in N secs" is the capture's own length
     ("graphs", re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs")),
     # v1/engine/core.py
