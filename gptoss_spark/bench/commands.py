@@ -278,6 +278,7 @@ def cmd_ab(args) -> int:
         return EXIT_INTERRUPTED
     complete = all(r["switch"] and r["switch"]["ok"] and r["error"] is None and r["single"] and r["load"]
                    and r["single"]["summary"]["invalid_requests"] == 0 and r["load"]["summary"]["invalid_requests"] == 0
+                   and (not args.sweep or (r.get("sweep") and r["sweep"]["invalid_requests"] == 0))
                    for r in result["runs"].values())
     return 0 if complete and result["restored"]["ok"] else 1
 
