@@ -2,6 +2,8 @@
 
     description = "one line shown by the admin API"
     memory_gib = 85                       # expected peak use; the memory guard checks it
+    cuda_graph_sizes = "auto"             # or batch sizes; written as --cudagraph-capture-sizes
+    speculation_max_batch = 16            # with --speculative-config: K = 0 above 16 requests a step
     [engine]
     args = ["--max-num-seqs", "32"]       # vLLM arguments, beyond the ones we own
     env = { VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8 = "1" }
@@ -10,8 +12,10 @@
     gpu = true                            # needs an NVIDIA GPU (the Spark profiles)
     cluster = true                        # runs across the two nodes of [cluster] (docs/CLUSTER.md)
 
+The last two are service/batch_shape.py's (docs/CONFIGURATION.md).
+
 A profile may extend another (`extends = "plain"`): it then starts from that
-profile's args, env, memory_gib, required paths and gpu requirement. Its own args replace the
+profile's args, env, memory_gib, required paths, gpu requirement and the two above. Its own args replace the
 base's option of the same flag (in the base's place) or are added after them,
 `engine.remove_args` drops base options by flag, its env is merged over the
 base's, its paths are added. Each fact is then written once (fast = plain +
