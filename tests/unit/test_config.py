@@ -205,7 +205,8 @@ def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path, monkeypatch):
     write(tmp_path / "config.json", "{}")
     s = load_settings(cfg)
     profiles = load_profiles(s)
-    assert set(profiles) == {"plain", "spec", "fast", "cluster", "demo", "demo-cluster", "plain-20b", "fast-20b", "spec-20b"}
+    assert set(profiles) == {"plain", "spec", "fast", "throughput", "auto", "cluster", "demo", "demo-cluster",
+                             "plain-20b", "fast-20b", "spec-20b"}
     assert "--max-num-seqs" in profiles["plain"].args
     assert profiles["plain"].args[profiles["plain"].args.index("--max-num-seqs") + 1] == "32"
     spec_args = profiles["spec"].engine_args(s)

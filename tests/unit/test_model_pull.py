@@ -195,10 +195,10 @@ def test_list_shows_what_is_present_and_which_profiles_use_it(hub, tmp_path, cap
     capsys.readouterr()
     assert main(["model", "list", "--config", str(cfg)]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
-    assert "absent" in rows["gpt-oss-120b"] and rows["gpt-oss-120b"].split()[-1] == "cluster,fast,plain,spec"
+    assert "absent" in rows["gpt-oss-120b"] and rows["gpt-oss-120b"].split()[-1] == "auto,cluster,fast,plain,spec,throughput"
     assert f"pulled " in rows["gpt-oss-20b"] and f"@{hub.commit[:12]}" in rows["gpt-oss-20b"]
     assert rows["gpt-oss-20b"].split()[-1] == "fast-20b,plain-20b,spec-20b"
-    assert rows["gpt-oss-120b-eagle3"].split()[-1] == "spec"
+    assert rows["gpt-oss-120b-eagle3"].split()[-1] == "auto,spec"
 
 
 def test_the_installer_step_says_whether_the_checkpoint_is_there(tmp_path, capsys):

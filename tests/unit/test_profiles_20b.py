@@ -46,7 +46,8 @@ def arg(profile, flag: str) -> str:
 def test_each_20b_profile_is_its_120b_counterpart_for_the_20b(spark, tmp_path):
     _, p = spark(checkpoint(tmp_path / "gpt-oss-20b", 24, 32))
     assert {n for n, x in p.items() if x.model == "gpt-oss-20b"} == {"plain-20b", "fast-20b", "spec-20b"}
-    assert {n for n, x in p.items() if x.model == "gpt-oss-120b"} == {"plain", "fast", "spec", "cluster"}
+    assert {n for n, x in p.items() if x.model == "gpt-oss-120b"} == {"plain", "fast", "spec", "cluster",
+                                                                         "throughput", "auto"}
     plain, plain20 = p["plain"], p["plain-20b"]
     # The same engine flags as plain but the memory budget; MXFP4 dense layers and lm_head included.
     differ = {o[0] for o in _options(plain.args)} ^ {o[0] for o in _options(plain20.args)}

