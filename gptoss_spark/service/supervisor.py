@@ -39,6 +39,8 @@ from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardSt
 from .store import PersistedState, StateStore
 from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
 from .systemd import Notifier, watchdog_interval
+from .telemetry import SampleContext, TelemetrySampler
+from .throttle import ThrottleWatch
 
 log = structlog.get_logger("gptoss_spark.service.supervisor")
 
@@ -183,6 +185,12 @@ class Supervisor:
         # A head that is gone for good (powered off, cable out) sends no stop: the worker watches it.
         self.head = cluster.PeerClient(settings, expect="head") if self.role == "worker" else None
         self.generation_error: str | None = None
+        # GPU, memory and throughput figures, sampled off the loop (telemetry.py); read by status().
+        gpu = settings.gpu
+        self.telemetry = TelemetrySampler(
+            gpu.sample_interval, self.guard.source,
+            ThrottleWatch(gpu.alert_after_seconds, gpu.low_clock_fraction, gpu.max_clock_mhz, clock),
+            self.alerts, probe_timeout=settings.timeouts.probe_timeout)
 
     # ---- views for the admin API and CLI --------------------------------------------------
 
@@ -220,6 +228,7 @@ class Supervisor:
             profiles=frozen_map(self.profiles),
             saved=self.store.current(),
             cluster=self._cluster_status(),
+            telemetry=self.telemetry.latest,
         )
 
     def _node_status(self) -> NodeStatus:
@@ -379,10 +388,12 @@ class Supervisor:
 
     async def run(self) -> int:
         watchdog = asyncio.create_task(self._watchdog_loop(), name="watchdog")
+        sampler = asyncio.create_task(self.telemetry.run(self._sample_context), name="telemetry")
         try:
             return await self._run()
         finally:
             watchdog.cancel()
+            sampler.cancel()
             await self.alerts.drain()  # a give-up's alert goes out before the process exits
 
     async def _run(self) -> int:
@@ -846,6 +857,12 @@ class Supervisor:
 
     # ---- reporting --------------------------------------------------------------------------
 
+    def _sample_context(self) -> SampleContext:
+        engine = self.engine
+        alive = engine is not None and engine.returncode is None
+        return SampleContext(self.state.value, self.profile_name, engine.pid if alive else None,
+                             engine.base_url if alive else None)
+
     def _status_line(self) -> str:
         return f"{self.state.value}: profile {self.profile_name}"
 
@@ -854,5 +871,6 @@ class Supervisor:
                  pid=self.engine.pid if self.engine else None)
         if t.new == State.FAILED:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
+        self.telemetry.journal(t.new.value)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         self.notifier.status(line[:200])
