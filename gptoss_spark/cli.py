@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "gptoss_spark.kernels.cli",
     "gptoss_spark.flashinfer_jit.cli",
     "gptoss_spark.doctor",
+    "gptoss_spark.gpuclock",
 )
 
 

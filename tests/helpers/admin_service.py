@@ -86,6 +86,8 @@ canary_interval = 0
 start_floor_gib = 0.5
 danger_available_gib = 0.2
 danger_psi_some_avg10 = 100
+[gpu]
+sample_interval = 1
 """)
         self.log_path = tmp / "serve.log"
         self.admin = httpx.Client(base_url=f"http://127.0.0.1:{self.admin_port}", timeout=30)
