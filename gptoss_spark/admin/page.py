@@ -21,7 +21,8 @@ from typing import Iterable
 
 from .. import __version__
 from ..service.status import SupervisorStatus
-from ..service.telemetry import EnginePoint, TelemetrySnapshot, gpu_line
+from ..service.gpu import gpu_line
+from ..service.telemetry import EnginePoint, TelemetrySnapshot
 
 REFRESH_SECONDS = 15
 CHART_W, CHART_H = 600, 120

@@ -191,3 +191,27 @@ def _engine_memory(handle: Any, pids: set[int]) -> int | None:
     if not used or any(u is None for u in used):
         return None
     return int(sum(used))
+
+
+def gpu_line(g: GpuReading) -> str:
+    """One line: each GPU's figures, or why there are none (the journal, the status page)."""
+    if g.unavailable is not None:
+        return f"gpu: {g.unavailable}"
+    if not g.devices:
+        return "gpu: NVML answers, no devices"
+    out = []
+    for d in g.devices:
+        bits = []
+        if d.temperature_c is not None:
+            bits.append(f"{d.temperature_c:g} C")
+        if d.sm_clock_mhz is not None:
+            bits.append(f"SM {d.sm_clock_mhz:g} MHz")
+        if d.power_watts is not None:
+            bits.append(f"{d.power_watts:.0f}" + (f"/{d.power_limit_watts:.0f} W" if d.power_limit_watts else " W"))
+        if d.utilization_percent is not None:
+            bits.append(f"util {d.utilization_percent:g}%")
+        slow = sorted((d.throttle or frozenset()) - {"idle"})
+        if slow:
+            bits.append("throttle " + ",".join(slow))
+        out.append(f"gpu{d.index}: " + (", ".join(bits) or "no figures"))
+    return "; ".join(out)

@@ -25,7 +25,7 @@ import structlog
 
 from .alerts import Alerter
 from .engine import _session_members
-from .gpu import GpuReading, NvmlReader
+from .gpu import GpuReading, NvmlReader, gpu_line
 from .hostmem import HostMemory, host_memory, own_cgroup
 from .memory import MemorySource
 from .probes import GENERATED, RUNNING, parse_prometheus_sums
@@ -63,29 +63,6 @@ class TelemetrySnapshot:
     def summary(self) -> str:
         """One line for the journal and `gptoss-spark status`."""
         return " | ".join((gpu_line(self.gpu), memory_line(self.memory)))
-
-
-def gpu_line(g: GpuReading) -> str:
-    if g.unavailable is not None:
-        return f"gpu: {g.unavailable}"
-    if not g.devices:
-        return "gpu: NVML answers, no devices"
-    out = []
-    for d in g.devices:
-        bits = []
-        if d.temperature_c is not None:
-            bits.append(f"{d.temperature_c:g} C")
-        if d.sm_clock_mhz is not None:
-            bits.append(f"SM {d.sm_clock_mhz:g} MHz")
-        if d.power_watts is not None:
-            bits.append(f"{d.power_watts:.0f}" + (f"/{d.power_limit_watts:.0f} W" if d.power_limit_watts else " W"))
-        if d.utilization_percent is not None:
-            bits.append(f"util {d.utilization_percent:g}%")
-        slow = sorted((d.throttle or frozenset()) - {"idle"})
-        if slow:
-            bits.append("throttle " + ",".join(slow))
-        out.append(f"gpu{d.index}: " + (", ".join(bits) or "no figures"))
-    return "; ".join(out)
 
 
 def _gib(b: int | None) -> str:

@@ -239,3 +239,28 @@ def test_history_is_bounded_to_an_hour():
     m = metrics_of(sampler.latest)
     assert m["gptoss_spark_gpu_telemetry_available"] == 0
     assert not any(k.startswith("gptoss_spark_gpu_temperature") for k in m)
+
+
+def test_grafana_dashboard_queries_only_metric_names_that_exist(gb10, tmp_path):
+    """docs/grafana-dashboard.json: each gptoss_spark_* name it queries is one /metrics renders (with a
+    GPU sample), each vllm:* name one the supervisor's own probe reads from the engine."""
+    import json
+    import re
+
+    from gptoss_spark.admin.metrics import make_registry, render
+    from gptoss_spark.service.probes import WAITING
+    from gptoss_spark.service.supervisor import Supervisor
+    from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+    sup = Supervisor(make_settings(tmp_path, {"demo": ""}), memory_source=FakeMemory(available_gib=50.0, psi=1.5))
+    sup.guard.read()
+    sup.telemetry.record(SampleContext("ready", "demo", 42, "x"), NvmlReader().read([42]),
+                         HostMemory(5 << 30, 8 << 30, 0.5, 3 << 30, "/x", 2 << 30), {RUNNING: 1.0, GENERATED: 5.0})
+    rendered = {line.split("{")[0].split(" ")[0] for line in render(make_registry(sup.status)).decode().splitlines()
+                if line and not line.startswith("#")}
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    ours = {n for e in exprs for n in re.findall(r"gptoss_spark_[a-z0-9_]+", e)}
+    vllm = {n for e in exprs for n in re.findall(r"vllm:[a-z0-9_]+", e)}
+    assert len(ours) >= 15 and ours <= rendered, ours - rendered
+    assert vllm == {GENERATED, RUNNING, WAITING}
