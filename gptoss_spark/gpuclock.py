@@ -27,6 +27,7 @@ from typing import Any
 
 from .errors import ConfigError, RequirementError, UserError
 from .exit_codes import EXIT_OK
+from .service.defaults import CONFIG_HELP
 
 # Root-only (the command runs as root); /run is a tmpfs, so a reboot, which resets the clocks too,
 # clears it.
@@ -120,13 +121,13 @@ def reset(marker: Path = MARKER, nvml: Any = None) -> str:
 
 
 def cmd_gpu_clock(args: argparse.Namespace) -> int:
-    from .service.config import load_settings
+    from .service.config import load_settings, resolve_config_path
 
     if args.action == "reset":
         print(f"gpu-clock: {reset()}")
         return EXIT_OK
     try:
-        settings = load_settings(Path(args.config) if args.config else None, must_exist=False)
+        settings = load_settings(resolve_config_path(args.config), must_exist=False)
     except ConfigError as e:
         # `serve` reports it next and exits 2, which the unit knows not to retry: leave it to serve.
         print(f"gpu-clock: settings unusable, nothing applied ({e})")
@@ -139,5 +140,5 @@ def cmd_gpu_clock(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpu-clock", help="apply or reset the gpu.max_clock_mhz cap (the unit runs it as root)")
     p.add_argument("action", choices=("apply", "reset"))
-    p.add_argument("--config", help="settings file (default: /etc/gptoss-spark/gptoss-spark.toml)")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.set_defaults(func=cmd_gpu_clock)
