@@ -14,6 +14,7 @@ Pure logic over readings and a clock: tests drive it with a fake clock.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -70,13 +71,11 @@ def _describe(kind: str, d: GpuDevice, norm: float | None, seconds: float) -> st
 
 class ThrottleWatch:
     def __init__(self, alert_after: float, low_clock_fraction: float, cap_mhz: int = 0,
-                 clock: Callable[[], float] | None = None):
-        import time
-
+                 clock: Callable[[], float] = time.monotonic):
         self.alert_after = alert_after
         self.low_clock_fraction = low_clock_fraction
         self.cap_mhz = cap_mhz
-        self.clock = clock or time.monotonic
+        self.clock = clock
         self._tracks: dict[tuple[str, int], _Track] = {}
 
     def norm(self, d: GpuDevice) -> float | None:
