@@ -211,7 +211,14 @@ class Settings(_Section):
         host = f"[{c.peer}]" if c.peer.version == 6 else str(c.peer)
         return f"http://{host}:{c.peer_admin_port or self.admin.port}"
 
-    # Caches live under the state dir so a restart (and a reboot) compiles nothing.
+    # Caches live under the state dir so a restart (and a reboot) compiles nothing. Each variable is
+    # one its reader takes as given (tests/unit/test_cache_env.py finds the reader in the installed
+    # source): vLLM's compile cache and FlashInfer autotune results (VLLM_CACHE_ROOT), FlashInfer's JIT
+    # modules, Triton's kernels and autotune results (vLLM keeps a TRITON_CACHE_DIR it was given),
+    # humming's kernels (humming-kernels, in the Spark venv), outlines' grammars (XDG_CACHE_HOME), and
+    # the CuTe-DSL quantizer (ours: engine_hooks/cute_dsl_cache.py). Not set, because nothing would
+    # read it: TORCHINDUCTOR_CACHE_DIR (vLLM points Inductor into VLLM_CACHE_ROOT itself, at every
+    # compile) and CUTE_DSL_CACHE_DIR (cute.compile never consults the DSL's file cache).
     @property
     def cache_dir(self) -> Path:
         return self.paths.state_dir / "cache"
@@ -223,11 +230,8 @@ class Settings(_Section):
             "FLASHINFER_WORKSPACE_BASE": str(c / "flashinfer"),
             "TRITON_CACHE_DIR": str(c / "triton"),
             "HUMMING_CACHE_DIR": str(c / "humming"),
-            "TORCHINDUCTOR_CACHE_DIR": str(c / "inductor"),
-            # The CuTe DSL (FlashInfer's MXFP8 activation quantizer) keeps compiled kernels in a file
-            # cache whose default is under TMPDIR, which is per engine and removed after each stop.
-            "CUTE_DSL_CACHE_DIR": str(c / "cute-dsl"),
             "XDG_CACHE_HOME": str(c / "xdg"),
+            "GPTOSS_SPARK_CUTE_DSL_CACHE": str(c / "cute-dsl"),
         }
 
     @property

@@ -102,9 +102,11 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
     env.update({
         "TMPDIR": str(tmpdir),
         "PYTHONUNBUFFERED": "1",
-        # A host service phones nobody home.
+        # A host service phones nobody home, and a start never waits on the network: the checkpoint
+        # is local (HF_HUB_OFFLINE makes huggingface_hub answer from disk or fail at once).
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
     })
     if settings.model.tiktoken_dir is not None:
         env["TIKTOKEN_ENCODINGS_BASE"] = str(settings.model.tiktoken_dir)

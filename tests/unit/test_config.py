@@ -45,7 +45,7 @@ def test_valid_settings_and_defaults(setup):
     assert s.source == cfg
     env = s.cache_env()
     assert env["TRITON_CACHE_DIR"] == f"{tmp}/state/cache/triton"
-    assert env["CUTE_DSL_CACHE_DIR"] == f"{tmp}/state/cache/cute-dsl"  # not the per-engine TMPDIR
+    assert env["GPTOSS_SPARK_CUTE_DSL_CACHE"] == f"{tmp}/state/cache/cute-dsl"  # not the per-engine TMPDIR
     assert env["VLLM_CACHE_ROOT"].startswith(f"{tmp}/state/cache")
 
 
