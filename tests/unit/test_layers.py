@@ -27,7 +27,7 @@ FLOORS: list[set[str]] = [
     {"bench"},
     {"draft"},
     {"warmup"},                   # start each profile's engine once (runs the service's engine)
-    {"commands", "admin_cli", "doctor", "model_cli"},  # commands of the top: serve, check, status, doctor, model
+    {"commands", "admin_cli", "doctor", "gpuclock", "model_cli"},  # commands of the top: serve, check, status, doctor, model
     {"cli"},                      # the parser, which lists every package's commands
 ]
 
