@@ -40,8 +40,10 @@ MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # model_loader/default_loader.py "Loading weights took"; gpu_model_runner.py "Model loading took"
     ("weights", re.compile(r"Loading weights took|Model loading took")),
     # compilation/monitor.py: total torch.compile time, whether compiled or loaded from the cache; where
-    # torch's AOT compile runs the model (the CPU runner logs no total), the profiling run that follows it
-    ("compile", re.compile(r"torch\.compile takes [\d.]+ s in total|Initial profiling/warmup run took")),
+    # torch's AOT compile runs the model (the CPU runner logs no total), the profiling run that follows
+    # it; the CPU runner without AOT logs only its own compile warm-up's end (cpu_model_runner.py)
+    ("compile", re.compile(r"torch\.compile takes [\d.]+ s in total|Initial profiling/warmup run took"
+                           r"|Warming up done\.")),
     # v1/worker/gpu_model_runner.py, gpu/model_runner.py; "in N secs" is the capture's own length
     ("graphs", re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs")),
     # v1/engine/core.py

@@ -129,3 +129,14 @@ def test_a_compiled_cpu_start_ends_its_compile_at_the_profiling_run():
     assert list(rec.phases()) == ["process", "weights", "compile", "engine"]
     assert rec.phases()["compile"] == 50.0
     assert [c.describe() for c in rec.compiles] == ["aot-compile backbone"]
+
+
+def test_a_compiled_cpu_start_without_aot_ends_its_compile_at_the_warm_up():
+    rec = fed([
+        (10.0, W + "[cpu_model_runner.py:68] Starting to load model /m..."),
+        (11.0, W + "[default_loader.py:501] Loading weights took 0.10 seconds"),
+        (12.0, W + "[cpu_model_runner.py:87] Warming up model for the compilation..."),
+        (37.0, W + "[cpu_model_runner.py:91] Warming up done."),
+        (38.0, E + "[core.py:402] init engine (profile, create kv cache, warmup model) took 25.56 s"),
+    ])
+    assert rec.phases() == {"process": 10.0, "weights": 1.0, "compile": 26.0, "engine": 1.0}
