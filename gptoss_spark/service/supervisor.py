@@ -855,4 +855,7 @@ class Supervisor:
         if t.new == State.FAILED:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
-        self.notifier.status(line[:200])
+        if t.new in (State.BACKOFF, State.FAILED):
+            self.notifier.reload_over(line[:200])  # a reload that ends here failed: systemd must hear it is over
+        else:
+            self.notifier.status(line[:200])
