@@ -7,8 +7,14 @@ service's venv, or a new venv an upgrade is about to switch to), because the
 supervisor may run from another interpreter and only that venv's vLLM counts.
 
 What it checks: vLLM's serve parser (flags, types, choices), validate_parsed_serve_args
-and AsyncEngineArgs.from_cli_args. Not create_engine_config: that reads the checkpoint
-and probes the device, which a check next to a serving engine must not do.
+and AsyncEngineArgs.from_cli_args; then, from the checkpoint's config.json and file sizes
+(never its weights), what vLLM's own ModelConfig checks (max-model-len against the model's
+max_position_embeddings, dtype, quantization), the parallel sizes against the model's heads
+(ModelConfig.verify_with_parallel_config) and the memory arithmetic: checkpoint files plus
+--kv-cache-memory-bytes within the profile's memory_gib. Not create_engine_config: that
+probes the device and builds the whole engine config, which a check next to a serving
+engine must not do. What only loading finds out (a KV cache too small for one sequence of
+max-model-len, the device's own limits) is still found by the start and its rollback.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ _CHILD = r"""
 import contextlib, io, json, sys
 MARKER = sys.argv[1]
 argvs = json.loads(sys.argv[2])  # one or more argument lists: one vLLM import answers them all
+budgets = json.loads(sys.argv[3]) if len(sys.argv) > 3 else [None] * len(argvs)  # memory_gib of each
 def done(errors):
     print(MARKER + json.dumps({"errors": errors}), flush=True)
     sys.exit(0)
@@ -46,7 +53,34 @@ try:
         from vllm.engine.arg_utils import AsyncEngineArgs
 except Exception as e:
     done([f"cannot import vLLM's parser: {type(e).__name__}: {e}"] * len(argvs))
-def check(args):
+GIB = 1 << 30
+def config_problem(engine_args, memory_gib):
+    # What vLLM's ModelConfig says of the checkpoint's config.json, and the memory arithmetic.
+    import os, types
+    if not os.path.isfile(os.path.join(engine_args.model, "config.json")):
+        return None  # not a local checkpoint (yet): nothing to read, and no download from a check
+    model_config = engine_args.create_model_config()
+    ep = engine_args
+    parallel = types.SimpleNamespace(
+        enable_hc_sp=getattr(ep, "enable_hc_sp", False), tensor_parallel_size=ep.tensor_parallel_size,
+        pipeline_parallel_size=ep.pipeline_parallel_size, enable_expert_parallel=ep.enable_expert_parallel,
+        decode_context_parallel_size=getattr(ep, "decode_context_parallel_size", 1),
+        world_size_across_dp=ep.tensor_parallel_size * ep.pipeline_parallel_size * ep.data_parallel_size)
+    model_config.verify_with_parallel_config(parallel)
+    if memory_gib is None or not os.path.isdir(model_config.model):
+        return None
+    files = sum(os.path.getsize(os.path.join(model_config.model, f)) for f in os.listdir(model_config.model)
+                if f.endswith((".safetensors", ".bin", ".pt")))
+    tp_pp = ep.tensor_parallel_size * ep.pipeline_parallel_size
+    per_node = files / max(1, min(tp_pp, 2))  # a Spark pair splits the weights over two nodes at most
+    kv = ep.kv_cache_memory_bytes or 0
+    if per_node + kv > memory_gib * GIB:
+        what = f"the checkpoint's weights ({per_node / GIB:.2f} GiB per node)" + (
+            f" plus --kv-cache-memory-bytes ({kv / GIB:.2f} GiB)" if kv else "")
+        return (f"{what} exceed the profile's memory_gib = {memory_gib:g}: raise memory_gib (if the host has it) "
+                f"or lower --kv-cache-memory-bytes")
+    return None
+def check(args, memory_gib=None):
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm"))
     err.seek(0)
     err.truncate()
@@ -59,11 +93,19 @@ def check(args):
         return lines[-1][len("vllm: error:"):].strip() if lines else err.getvalue().strip()[-300:]
     try:
         validate_parsed_serve_args(ns)
-        AsyncEngineArgs.from_cli_args(ns)
+        engine_args = AsyncEngineArgs.from_cli_args(ns)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
-    return None
-done([check(a) for a in argvs])
+    try:
+        with contextlib.redirect_stderr(err):
+            return config_problem(engine_args, memory_gib)
+    except Exception as e:
+        # pydantic's ValidationError: "1 validation error for ModelConfig\n  Value error, <what>"
+        text = str(e)
+        if "Value error, " in text:
+            text = text.split("Value error, ", 1)[1]
+        return f"{type(e).__name__}: {text}"
+done([check(a, m) for a, m in zip(argvs, budgets)])
 """
 
 
@@ -95,18 +137,21 @@ def one_line(text: str, limit: int = 400) -> str:
 
 
 async def vllm_rejects(python: str, args: list[str], env: dict[str, str] | None = None,
-                       timeout: float = DEFAULT_TIMEOUT) -> str | None:
+                       timeout: float = DEFAULT_TIMEOUT, memory_gib: float | None = None) -> str | None:
     """None if `python`'s vLLM accepts `args` (vLLM's arguments, without the entry module);
-    else vLLM's one meaningful error line. Raises ArgCheckUnavailable if no answer came."""
-    return (await vllm_rejects_many(python, [args], env, timeout))[0]
+    else vLLM's one meaningful error line. Raises ArgCheckUnavailable if no answer came.
+    memory_gib: the profile's budget, for the memory arithmetic (None: not checked)."""
+    return (await vllm_rejects_many(python, [args], env, timeout, [memory_gib]))[0]
 
 
 async def vllm_rejects_many(python: str, argvs: list[list[str]], env: dict[str, str] | None = None,
-                            timeout: float = DEFAULT_TIMEOUT) -> list[str | None]:
+                            timeout: float = DEFAULT_TIMEOUT,
+                            budgets: list[float | None] | None = None) -> list[str | None]:
     """vllm_rejects for several argument lists, in one child (one vLLM import)."""
+    budgets = budgets if budgets is not None else [None] * len(argvs)
     try:
         proc = await asyncio.create_subprocess_exec(
-            python, "-c", _CHILD, MARKER, json.dumps(argvs), env=dict(os.environ if env is None else env),
+            python, "-c", _CHILD, MARKER, json.dumps(argvs), json.dumps(budgets), env=dict(os.environ if env is None else env),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     except OSError as e:
         raise ArgCheckUnavailable(f"cannot run {python}: {e}") from None
@@ -137,7 +182,7 @@ async def profile_rejects(settings: "Settings", profile: "Profile", timeout: flo
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         env = build_env(settings, profile, Path(tmp))
         env.pop("VLLM_API_KEY", None)  # the parser has no use for it
-        return await vllm_rejects(python or sys.executable, args, env, timeout)
+        return await vllm_rejects(python or sys.executable, args, env, timeout, profile.memory_gib)
 
 
 async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]", timeout: float = DEFAULT_TIMEOUT,
@@ -163,7 +208,8 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
         async def one(python: str, env: dict[str, str], items: list[tuple[str, list[str]]]):
             async with gate:
                 try:
-                    errors = await vllm_rejects_many(python, [a for _, a in items], env, timeout)
+                    errors = await vllm_rejects_many(python, [a for _, a in items], env, timeout,
+                                                     [profiles[n].memory_gib for n, _ in items])
                 except ArgCheckUnavailable as e:
                     return {n: ("unchecked", one_line(str(e))) for n, _ in items}
             return {n: (("rejected", e) if e else ("ok", None)) for (n, _), e in zip(items, errors)}

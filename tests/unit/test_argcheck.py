@@ -89,3 +89,23 @@ def test_profiles_sharing_an_environment_share_one_child(tmp_path):
     assert got["a"] == ("ok", None) and got["b"] == ("rejected", "unrecognized arguments: --bad"), got
     assert got["c"][0] == "unchecked" and "PluginError" in got["c"][1], got
     assert calls.read_text() == "xx" and MARKER
+
+
+def test_what_the_checkpoints_config_json_rules_out_is_refused_without_loading_weights(demo_model_dir):
+    """vLLM's own ModelConfig on the checkpoint's config.json (the demo model: 4 heads, 131072
+    positions, ~50 MB of weights) and the memory arithmetic against the profile's memory_gib.
+    A model directory without config.json (not downloaded yet) leaves these checks out."""
+    base = ["--model", str(demo_model_dir), "--dtype", "bfloat16"]
+    got = asyncio.run(vllm_rejects_many(sys.executable, [
+        [*base, "--max-model-len", "1024"],
+        [*base, "--max-model-len", "1000000"],
+        [*base, "--tensor-parallel-size", "3"],
+        [*base, "--kv-cache-memory-bytes", "4G"],
+        ["--model", "/nonexistent/model", "--max-model-len", "1000000"],
+    ], budgets=[3, 3, 3, 3, 3]))
+    assert got[0] is None and got[4] is None, got
+    assert got[1].startswith("ValidationError: User-specified max_model_len (1000000) is greater than the derived "
+                             "max_model_len (max_position_embeddings=131072"), got[1]
+    assert got[2] == "ValueError: Total number of attention heads (4) must be divisible by tensor parallel size (3).", got[2]
+    assert got[3].startswith("the checkpoint's weights (0."), got[3]
+    assert "plus --kv-cache-memory-bytes (4.00 GiB) exceed the profile's memory_gib = 3" in got[3], got[3]
