@@ -20,6 +20,7 @@ max-model-len, the device's own limits) is still found by the start and its roll
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -174,15 +175,72 @@ async def vllm_rejects_many(python: str, argvs: list[list[str]], env: dict[str, 
     raise ArgCheckUnavailable(f"the parser check in {python} ended without an answer: {one_line(tail[0])}")
 
 
+CACHE_FILE = "argcheck-accepted.json"
+CACHE_ENTRIES = 32
+
+
+def accepted_key(python: str, args: list[str], env: dict[str, str], memory_gib: float, tmp: str) -> str | None:
+    """What an accepted check depends on, hashed: the venv (its bin directory resolved: each install
+    is its own venv), vLLM's arguments, the environment (minus the check's own temporary paths and
+    MAX_JOBS),
+    the memory budget, and the checkpoint's config.json and file sizes that the config check reads.
+    None when the checkpoint cannot be read (no caching then)."""
+    model = args[args.index("--model") + 1] if "--model" in args[:-1] else None
+    checkpoint: list[object] = []
+    if model and os.path.isdir(model):
+        try:
+            config = Path(model, "config.json")
+            checkpoint = [hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None,
+                          sorted((e.name, e.stat().st_size) for e in os.scandir(model) if e.is_file())]
+        except OSError:
+            return None
+    venv_bin = str(Path(python).parent.resolve())
+    # MAX_JOBS follows MemAvailable at the moment (a JIT's build parallelism, nothing vLLM's parser reads).
+    stable_env = sorted((k, v) for k, v in env.items() if tmp not in v and k != "MAX_JOBS")
+    blob = json.dumps([venv_bin, Path(python).name, args, stable_env, memory_gib, model, checkpoint])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_accepted(path: Path) -> list[str]:
+    try:
+        keys = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
+
+
+def _remember_accepted(path: Path, key: str) -> None:
+    """Best effort: a cache that cannot be written only costs the next check its seconds."""
+    keys = [k for k in _read_accepted(path) if k != key] + [key]
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(keys[-CACHE_ENTRIES:]))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 async def profile_rejects(settings: "Settings", profile: "Profile", timeout: float = DEFAULT_TIMEOUT) -> str | None:
-    """vllm_rejects for the argv and environment the supervisor would start `profile` with."""
+    """vllm_rejects for the argv and environment the supervisor would start `profile` with.
+
+    An accepted answer is remembered in the state dir (CACHE_FILE) under accepted_key: the same
+    argv under the same venv and checkpoint is not asked again (a reload of an unchanged profile
+    skips the vLLM import, several seconds of a core). A rejection is always asked anew."""
     from .engine import build_argv, build_env  # engine imports the heavier FlashInfer cache helpers
 
     python, args = split_engine_argv(build_argv(settings, profile))
+    python = python or sys.executable
+    cache = settings.paths.state_dir / CACHE_FILE
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         env = build_env(settings, profile, Path(tmp))
         env.pop("VLLM_API_KEY", None)  # the parser has no use for it
-        return await vllm_rejects(python or sys.executable, args, env, timeout, profile.memory_gib)
+        key = accepted_key(python, args, env, profile.memory_gib, tmp)
+        if key is not None and key in _read_accepted(cache):
+            return None
+        rejection = await vllm_rejects(python, args, env, timeout, profile.memory_gib)
+    if rejection is None and key is not None:
+        _remember_accepted(cache, key)
+    return rejection
 
 
 async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]", timeout: float = DEFAULT_TIMEOUT,
