@@ -625,10 +625,15 @@ def test_upgrade_refused_before_the_engine_is_touched(ns):
 def test_upgrade_switches_the_unit_with_the_version(ns):
     """A successful upgrade whose unit passes a new `serve` option. Its gap is measured."""
     new_version(ns, "/tmp/src4", serve_option="systest-v4")
+    # The new version ships a changed demo profile; the installed one was never edited: it is updated.
+    ns.sh("printf '# systest v4\\n' >> /tmp/src4/etc/profiles-cpu/demo.toml")
     poll = Poll(ns, "upgrade", 0.25)
     r = timed("install_upgrade_s", ns, "/tmp/src4/install.sh --cpu", check=False, timeout=1500)
     TIMINGS["upgrade_gap_s"] = Poll.gap(poll.stop())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ns.sh("cmp /tmp/src4/etc/profiles-cpu/demo.toml /etc/gptoss-spark/profiles/demo.toml")
+    ns.sh("test ! -e /etc/gptoss-spark/profiles/demo.toml.dist")
+    assert "demo.toml to this version's default (it was an earlier one, never edited)" in r.stdout + r.stderr
     VERSIONS["v4"] = link(ns, "current")
     assert VERSIONS["v4"] != VERSIONS["v1"] and link(ns, "previous") == VERSIONS["v1"]
     assert "--systest-v4" in show(ns, "ExecStart")["ExecStart"]

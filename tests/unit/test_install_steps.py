@@ -403,11 +403,31 @@ def test_config_written_only_if_absent_with_dist_beside(lay, src):
     assert ".dist" in placed[0].line(lay)
 
 
-def test_stale_dist_removed_when_user_file_matches(lay, src):
+def test_a_dist_is_removed_only_when_the_file_equals_it_and_that_is_said(lay, src):
     placement.place_config(lay, src, cpu=False)
-    Path(str(lay.config_file) + ".dist").write_text("old default\n")
+    dist = Path(str(lay.config_file) + ".dist")
+    dist.write_text("an older default\n")
+    placed = placement.place_config(lay, src, cpu=False)
+    assert dist.exists() and not placed[0].dist_removed  # it says something the file does not: kept
+    dist.write_bytes(lay.config_file.read_bytes())
+    placed = placement.place_config(lay, src, cpu=False)
+    assert not dist.exists() and "removed" in placed[0].line(lay) and ".dist" in placed[0].line(lay)
+
+
+def test_an_earlier_default_nobody_edited_is_upgraded_an_edited_one_kept(lay, src):
     placement.place_config(lay, src, cpu=False)
-    assert not Path(str(lay.config_file) + ".dist").exists()
+    prof = lay.profiles_dir / "plain.toml"
+    shipped_before = prof.read_bytes()
+    (src / "etc" / "profiles" / "plain.toml").write_text("[engine]\nargs = [\"--max-num-seqs\", \"8\"]\n")
+    placed = placement.place_config(lay, src, cpu=False)
+    assert [p.action for p in placed] == ["unchanged", "upgraded"], placed
+    assert b'"8"' in prof.read_bytes() and not Path(str(prof) + ".dist").exists()
+    assert "never edited" in placed[1].line(lay)
+    prof.write_text(prof.read_text() + "# mine\n")  # edited now: the next default goes beside it
+    (src / "etc" / "profiles" / "plain.toml").write_bytes(shipped_before)
+    placed = placement.place_config(lay, src, cpu=False)
+    assert placed[1].action == "kept" and prof.read_text().endswith("# mine\n")
+    assert Path(str(prof) + ".dist").read_bytes() == shipped_before
 
 
 def test_cpu_config_is_the_demo(lay, src):
