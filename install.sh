@@ -92,7 +92,9 @@ MODE=(); [ "$CPU" = 1 ] && MODE=(--cpu)
 LOCK=/run/gptoss-spark-install.lock
 # shellcheck source=scripts/install-lock.sh
 . "$SRC/scripts/install-lock.sh"
-install_lock "$LOCK" || die 17 "another install.sh is running (lock $LOCK)"
+install_lock_take "$LOCK" 2>"${TMPDIR:-/tmp}/gptoss-spark-lock.$$" \
+    || die 17 "another install.sh is running (lock $LOCK $(cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$"))"
+cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$" >&2; rm -f "${TMPDIR:-/tmp}/gptoss-spark-lock.$$"
 
 # ---------------------------------------------------------------- start and switch back
 # Type=notify: `systemctl restart` returns once the engine answered /health and a

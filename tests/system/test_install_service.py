@@ -503,6 +503,19 @@ def test_rerun_is_a_fast_noop(ns):
     assert show(ns, "MainPID")["MainPID"] == main_before
 
 
+def test_an_install_after_a_killed_installer_ends_what_it_left(ns):
+    """kill -9 of install.sh leaves its steps holding the install lock (they inherit its fd): here a
+    process that holds it as such a step would. The next install.sh names it, ends it and runs."""
+    ns.sh(f"bash -c '. {SRC}/scripts/install-lock.sh; install_lock /run/gptoss-spark-install.lock; "
+          "setsid sleep 600 >/dev/null 2>&1 < /dev/null & exit 0'")
+    orphan = ns.sh("pgrep -f '^sleep 600$'").stdout.split()
+    assert len(orphan) == 1, orphan
+    r = ns.sh(f"{SRC}/install.sh --cpu", check=False, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"held by processes an interrupted install.sh left running, ending them: {orphan[0]} sleep 600" in r.stderr
+    assert ns.sh(f"test -e /proc/{orphan[0]}", check=False).returncode != 0
+
+
 def test_failed_upgrade_leaves_previous_serving(ns):
     """A new version whose vLLM patch no longer matches the pinned vLLM (a drifted
     file): the patch step fails, the new venv is discarded, nothing else moves."""
