@@ -74,7 +74,18 @@ status() { echo "${BOLD}>>> $*${RESET}"; }
 warn()   { echo "${YELLOW}WARNING: $*${RESET}" >&2; }
 die()    { local code=$1; shift; echo "${RED}ERROR: $*${RESET}" >&2; exit "$code"; }
 # The installer's own steps (stdlib-only Python, run from this source tree).
-step()   { PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m gptoss_spark.install "$@"; }
+step()   { STEP_NOW="$1"; PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m gptoss_spark.install "$@"; }
+# A hangup (a closed ssh session), Ctrl-C or kill: say what happened instead of dying silently.
+STEP_NOW=start
+interrupted() {
+    trap - HUP INT TERM
+    echo "${RED}ERROR: install.sh was interrupted by SIG$1 during its '$STEP_NOW' step; a half-built" \
+         "venv is never used (removed now or by the next run), and the service runs the version it" \
+         "ran before unless the switch had begun. Run install.sh again (over ssh: under nohup, tmux" \
+         "or screen).${RESET}" >&2
+    exit $((128 + $(kill -l "$1")))
+}
+trap 'interrupted HUP' HUP; trap 'interrupted INT' INT; trap 'interrupted TERM' TERM
 # Commands with side effects that are not a Python step: echoed, skipped by --dry-run.
 run()    { if [ "$DRY_RUN" = 1 ]; then echo "  would run: $*"; else "$@"; fi; }
 DRY=(); [ "$DRY_RUN" = 1 ] && DRY=(--dry-run)

@@ -15,7 +15,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -156,6 +158,22 @@ class BuildPlan:
         return self.layout.build_dir / self.venv_id
 
 
+def _exit_on_signals() -> dict[int, object]:
+    """SIGHUP/SIGTERM end the build through SystemExit (so its cleanup runs), naming the signal."""
+    def stop(signum, frame):
+        raise SystemExit(f"install.sh: the build was interrupted by {signal.Signals(signum).name}; "
+                         "its half-built venv and pip's temporary files are removed; the running version "
+                         "is untouched. Run install.sh again.")
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, stop) for s in (signal.SIGHUP, signal.SIGTERM)}
+
+
+def _restore_signals(handlers: dict[int, object]) -> None:
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
 def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
                log: Callable[[str], None] = print) -> bool:
     """Build venvs/<id> unless it is already complete. True if built, False if it was there.
@@ -171,12 +189,27 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
         shutil.rmtree(venv)
     old_umask = os.umask(0o022)  # the service user must read it all
     t0 = time.monotonic()
+    # pip's temporary directories (hundreds of MB of unpacked wheels) under the installer's own build
+    # dir, not /tmp: removed here on success, failure or a signal that ends the step (SIGHUP, SIGTERM
+    # raise SystemExit below), and by the next build if a kill -9 left them.
+    scratch = plan.layout.build_dir / "tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True, exist_ok=True)
+    old_tmpdir = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)
+    handlers = _exit_on_signals()
     try:
         _build(plan, run, log)
     except BaseException:
         shutil.rmtree(venv, ignore_errors=True)
         raise
     finally:
+        _restore_signals(handlers)
+        if old_tmpdir is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmpdir
+        shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(plan.staged, ignore_errors=True)
         os.umask(old_umask)
     manifest = {"id": plan.venv_id, "mode": plan.mode, "python": plan.python,

@@ -695,3 +695,28 @@ def test_uninstall_hands_kept_files_to_root_before_the_user_goes(lay, src):
             assert (st.st_uid, st.st_gid) == (0, 0), p
     assert stat.S_IMODE(lay.token_file.stat().st_mode) == 0o600
     assert (lay.state_dir / "state.json").read_text() == "{}"  # kept, only the owner changed
+
+
+def test_pips_temporary_files_live_under_the_build_dir_and_go_even_on_sighup(lay, src):
+    """pip's TMPDIR is <opt>/build/tmp while it runs, not /tmp; a SIGHUP during pip ends the build
+    with a line that names it, and leaves neither the half-built venv nor pip's files."""
+    import os
+    import signal
+
+    seen = []
+
+    class HangupDuringPip(FakeRunner):
+        def __call__(self, argv) -> int:
+            rc = super().__call__(argv)
+            if "pip" in [str(a) for a in argv] and "install" in [str(a) for a in argv]:
+                seen.append(os.environ["TMPDIR"])
+                Path(os.environ["TMPDIR"], "pip-unpack-123").mkdir()
+                os.kill(os.getpid(), signal.SIGHUP)
+            return rc
+
+    p = plan(lay, src)
+    with pytest.raises(SystemExit, match="interrupted by SIGHUP.*Run install.sh again"):
+        venvs.build_venv(p, run=HangupDuringPip(), log=lambda s: None)
+    assert seen == [str(lay.build_dir / "tmp")]
+    assert not (lay.build_dir / "tmp").exists() and not p.venv.exists()
+    assert os.environ.get("TMPDIR") != seen[0] and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
