@@ -587,6 +587,22 @@ def test_validate_refuses_with_its_exit_code(lay, src):
         validate.validate_version(lay, lay.venvs_dir / "a", src,
                                   run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
     assert e.value.exit_code == codes.EXIT_ARGS and "nothing was changed" in str(e.value)
+    assert "fix that profile" in str(e.value)  # no shipped profiles recorded here: it may be the admin's
+
+
+def test_validate_blames_the_new_version_when_only_its_own_unedited_profiles_are_installed(lay, src):
+    fake_venv(lay, "a")
+    placement.place_config(lay, src, cpu=False)  # profiles/ as shipped, recorded; profiles.d empty
+
+    def refuse():
+        with pytest.raises(InstallError) as e:
+            validate.validate_version(lay, lay.venvs_dir / "a", src,
+                                      run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
+        return str(e.value)
+    assert "the new version is at fault" in refuse()
+    lay.user_profiles_dir.mkdir(parents=True, exist_ok=True)
+    (lay.user_profiles_dir / "mine.toml").write_text("[engine]\nargs = []\n")
+    assert "fix that profile" in refuse()
 
 
 def test_validate_keeps_an_engine_python_of_the_admins_own(lay, src):
