@@ -107,6 +107,17 @@ install_lock_take "$LOCK" 2>"${TMPDIR:-/tmp}/gptoss-spark-lock.$$" \
     || die 17 "another install.sh is running (lock $LOCK $(cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$"))"
 cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$" >&2; rm -f "${TMPDIR:-/tmp}/gptoss-spark-lock.$$"
 
+# The full output of an install (pip's whole output too: its steps show only progress and its
+# errors) goes to a log file, named as the last line. The tee processes close the lock's fd 9:
+# they outlive this shell by a moment and must not hold the lock.
+if [ "$ACTION" = install ] && [ "$DRY_RUN" != 1 ]; then
+    INSTALL_LOG=/var/log/gptoss-spark-install.log
+    { echo; echo "==== install.sh $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'), source $SRC)"; } >>"$INSTALL_LOG"
+    exec > >(exec 9>&-; tee -a "$INSTALL_LOG") 2> >(exec 9>&-; tee -a "$INSTALL_LOG" >&2)
+    export GPTOSS_SPARK_INSTALL_LOG="$INSTALL_LOG"
+    trap 'echo "the full log of this run: $INSTALL_LOG" >&2' EXIT
+fi
+
 # ---------------------------------------------------------------- start and switch back
 # Type=notify: `systemctl restart` returns once the engine answered /health and a
 # canary completion (a first start on a Spark takes minutes). The supervisor gives up

@@ -736,3 +736,25 @@ def test_pips_temporary_files_live_under_the_build_dir_and_go_even_on_sighup(lay
     assert seen == [str(lay.build_dir / "tmp")]
     assert not (lay.build_dir / "tmp").exists() and not p.venv.exists()
     assert os.environ.get("TMPDIR") != seen[0] and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+
+
+def test_pip_output_goes_to_the_log_with_progress_and_errors_on_the_terminal(tmp_path):
+    """run_pip: warnings only in the log; a progress line per PIP_PROGRESS_EVERY packages; pip's
+    ERROR lines on stderr as they come; on failure its last lines and where the full log is."""
+    import io
+
+    script = ("import sys\n"
+              "for i in range(30):\n    print(f'Collecting pkg{i}==1.0')\n"
+              "    print('WARNING: Running pip as the root user can result in broken permissions')\n"
+              "print('ERROR: Could not find a version that satisfies the requirement nope==9')\n"
+              "print('ERROR: No matching distribution found for nope==9')\nsys.exit(1)\n")
+    log = tmp_path / "install.log"
+    out, err = io.StringIO(), io.StringIO()
+    rc = venvs.run_pip([sys.executable, "-c", script], None, str(log), out=out, err=err)
+    assert rc == 1
+    assert out.getvalue() == "    pip: 25 packages so far\n"
+    e = err.getvalue()
+    assert "    ERROR: Could not find a version that satisfies the requirement nope==9\n" in e
+    assert "WARNING" not in out.getvalue() + e and f"its full output: {log}" in e
+    text = log.read_text()
+    assert text.count("WARNING: Running pip as the root user") == 30 and text.count("Collecting pkg") == 30
