@@ -58,8 +58,12 @@ GIB = 1 << 30
 def config_problem(engine_args, memory_gib):
     # What vLLM's ModelConfig says of the checkpoint's config.json, and the memory arithmetic.
     import os, types
-    if not os.path.isfile(os.path.join(engine_args.model, "config.json")):
+    config_path = os.path.join(engine_args.model, "config.json")
+    if not os.path.isfile(config_path):
         return None  # not a local checkpoint (yet): nothing to read, and no download from a check
+    with open(config_path) as f:
+        if not json.load(f).get("model_type"):
+            return None  # not a transformers model config (a placeholder): vLLM could say nothing useful
     model_config = engine_args.create_model_config()
     ep = engine_args
     parallel = types.SimpleNamespace(
