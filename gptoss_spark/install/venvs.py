@@ -123,6 +123,23 @@ def prune(layout: Layout, *, keep: Sequence[str] = (), dry_run: bool = False) ->
     return removed
 
 
+def reclaimable_bytes(layout: Layout, *, keep: Sequence[str] = ()) -> int:
+    """Disk that prune(keep=...) would free: the sizes of the files in venvs no link names."""
+    keep_ids = {read_link_id(layout.current), read_link_id(layout.previous), *keep}
+    total = 0
+    if layout.venvs_dir.is_dir():
+        for p in layout.venvs_dir.iterdir():
+            if p.name in keep_ids or not p.is_dir() or p.is_symlink():
+                continue
+            for root, _, files in os.walk(p):
+                for f in files:
+                    try:
+                        total += os.lstat(os.path.join(root, f)).st_size
+                    except OSError:
+                        pass
+    return total
+
+
 # ---------------------------------------------------------------- building
 
 Runner = Callable[[Sequence[str]], int]
