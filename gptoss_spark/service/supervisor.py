@@ -856,6 +856,6 @@ class Supervisor:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         if t.new in (State.BACKOFF, State.FAILED):
-            self.notifier.reload_over(line[:200])  # a reload that ends here failed: systemd must hear it is over
+            self.notifier.reload_over(line[:200])  # STATUS; a reload that ends here failed: systemd hears it is over
         else:
             self.notifier.status(line[:200])

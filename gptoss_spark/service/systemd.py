@@ -42,13 +42,15 @@ class Notifier:
         self.send("READY=1", f"STATUS={status}")
 
     def reload_over(self, status: str) -> None:
-        """End systemd's "reloading" after a restart that did not get ready (backoff, failed).
+        """STATUS; and the end of systemd's "reloading" after a restart that did not get ready.
 
         READY=1 is sd_notify's only way to say a reload is over; STATUS says how it went. Sent
         before the restart's operation is seen to fail, so ExecReload (`gptoss-spark restart`)
         exits 1 after it and systemd fails the reload job instead of waiting TimeoutStartSec."""
         if self.reload_open:
             self.ready(status)
+        else:
+            self.status(status)
 
     def reloading(self, status: str) -> None:
         # systemd >= 253 wants MONOTONIC_USEC with RELOADING=1 (Type=notify-reload); harmless before.
