@@ -232,6 +232,11 @@ UNIT="$(step unit --source "$SRC" --venv-id "$VENV_ID" "${DRY[@]}")"
 # installed profile's engine arguments under its vLLM (exit 20/21/29, nothing changed).
 step validate --source "$SRC" --venv-id "$VENV_ID" "${DRY[@]}"
 
+# Still before the switch: each profile's engine started once with the new version, so later starts
+# (recovery, switch, reload) compile nothing (gptoss-spark warmup; exit 32, nothing changed).
+status "Warm-up: each profile's engine starts once, so later starts compile nothing"
+step warmup --venv-id "$VENV_ID" "${DRY[@]}"
+
 status "Switching to $VENV_ID"
 # The version serving now has served: it stays as `previous` (never a version that failed).
 [ "$DRY_RUN" = 1 ] || ! systemctl is-active --quiet "$SERVICE" || step served --keep "$VENV_ID"

@@ -1,13 +1,9 @@
 """`gptoss-spark status | profile [NAME] | restart`: the admin API from a shell.
 
 Human output by default, `--json` for scripts (the API's own JSON, one object).
-The admin URL comes from the settings file ([admin] host/port); the token from
-[admin] token_file, read only for mutations, so `status` and `profile` work
-for any user while a switch needs root or the gptoss-spark group.
-
-States and operations in the API's JSON are parsed into the service's own enums
-(service/status.py): a value this version does not know is a one-line error,
-not a silent "not ready".
+It talks through admin/client.py, which `bench ab` uses too. The token is read
+only for mutations, so `status` and `profile` work for any user while a switch
+needs root or the gptoss-spark group.
 
 Exit codes: 0 ok (status: engine ready), 1 not ready / the operation failed,
 2 bad usage or settings, 69 service not answering, 77 token file unreadable.
@@ -24,29 +20,12 @@ import time
 from datetime import datetime
 from typing import Any
 
-import httpx
-
+from .admin.client import (Client, ServiceDown, operation_of, read_token_for_cli, state_of, switch_limit,
+                           wait_operation)
+from .base.defaults import CONFIG_HELP
 from .service.config import Settings, load_settings, resolve_config_path
-from .service.defaults import CONFIG_HELP
 from .service.states import State
-from .service.status import CommandKind, OperationView, OpStatus, StatusFormatError, parse_state
-from .errors import UserError
-from .exit_codes import EXIT_FAILED, EXIT_NOPERM, EXIT_UNAVAILABLE
-
-REQUEST_TIMEOUT = 10.0
-POLL_SECONDS = 1.0
-
-
-class ServiceDown(UserError):
-    exit_code = EXIT_UNAVAILABLE
-
-
-class TokenUnreadable(UserError):
-    exit_code = EXIT_NOPERM
-
-
-class ApiError(UserError):
-    exit_code = EXIT_FAILED
+from .service.status import CommandKind, OpStatus
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,104 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_restart)
 
 
-# ---- talking to the service -------------------------------------------------------------------
-
-def local_url(host: str, port: int) -> str:
-    """http URL for a listener from this host: a wildcard bind is reached on loopback."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
-
-
-def admin_url(settings: Settings) -> str:
-    return local_url(settings.admin.host, settings.admin.port)
-
-
-def read_token_for_cli(settings: Settings) -> str:
-    from .admin.auth import TokenUnavailable, read_token
-    path = settings.admin.token_file
-    try:
-        with path.open("rb"):
-            pass
-    except FileNotFoundError:
-        raise TokenUnreadable(f"admin token file {path} does not exist; is the service installed? "
-                              "(install.sh creates it; [admin] token_file in the settings names it)") from None
-    except PermissionError:
-        raise TokenUnreadable(
-            f"cannot read the admin token file {path} (permission denied); run with sudo, or add yourself "
-            "to the gptoss-spark group (sudo usermod -aG gptoss-spark $USER, then log in again)") from None
-    except OSError:
-        pass  # read_token says what is wrong
-    try:
-        return read_token(path)
-    except TokenUnavailable as e:
-        raise TokenUnreadable(str(e)) from None
-
-
-class Client:
-    def __init__(self, settings: Settings, token: str | None = None):
-        self.base = admin_url(settings)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.base, headers=headers, timeout=REQUEST_TIMEOUT)
-
-    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            return self.http.request(method, path, **kw)
-        except httpx.ConnectError:
-            raise ServiceDown(f"the service is not answering at {self.base}; is it running? "
-                              "(systemctl status gptoss-spark; journalctl -u gptoss-spark)") from None
-        except httpx.TimeoutException:
-            raise ServiceDown(f"the service at {self.base} did not answer within {REQUEST_TIMEOUT:g} s") from None
-        except httpx.HTTPError as e:
-            raise ServiceDown(f"talking to {self.base} failed: {type(e).__name__}") from None
-
-    def json(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> tuple[int, dict]:
-        r = self.request(method, path, **kw)
-        try:
-            body = r.json()
-        except ValueError:
-            raise ApiError(f"{method} {path} answered HTTP {r.status_code} without JSON "
-                           f"(is {self.base} the gptoss-spark admin API?)") from None
-        if r.status_code not in ok:
-            raise api_error(r.status_code, body)
-        return r.status_code, body
-
-
-def api_error(status: int, body: dict) -> UserError:
-    message = body.get("message") or body.get("error") or f"HTTP {status}"
-    if status == 401 or status == 403:
-        return TokenUnreadable(f"the service refused the token ({message}); is the token file the one "
-                               "the service reads?")
-    if status == 503 and body.get("error") == "token_unavailable":
-        return ApiError(f"the service cannot check tokens: {message}")
-    return ApiError(message)
-
-
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(resolve_config_path(args.config), must_exist=False)
-
-
-def state_of(body: dict) -> State:
-    """The "state" of an admin API answer; a value this version does not know is an ApiError."""
-    try:
-        return parse_state(body.get("state"))
-    except StatusFormatError as e:
-        raise ApiError(str(e)) from None
-
-
-def operation_of(body: dict) -> OperationView:
-    """An operation of an admin API answer, typed; a malformed one is an ApiError."""
-    try:
-        return OperationView.from_json(body)
-    except StatusFormatError as e:
-        raise ApiError(str(e)) from None
-    except KeyError as e:
-        raise ApiError(f"the service answered an operation without {e.args[0]!r}; "
-                       "is this CLI the same version as the service?") from None
 
 
 def _print_json(obj: Any) -> None:
@@ -232,32 +115,6 @@ def cmd_restart(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"warm restart of {body.get('target')} (operation {body['id']})")
     return follow(client, body, args, settings)
-
-
-def switch_limit(settings: Settings) -> float:
-    """How long a switch or restart may take: drain, stop, and a full load, with a minute to spare."""
-    t = settings.timeouts
-    return t.drain + t.shutdown_grace + t.load + 60
-
-
-def wait_operation(client: Client, op: dict, limit: float, on_state=None) -> dict:
-    """Poll the operation until it ends; on_state(state) hears each new service state on the way."""
-    deadline = time.monotonic() + limit
-    last_state = None
-    while operation_of(op).status.in_progress:
-        if time.monotonic() > deadline:
-            raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
-                           "follow it with `gptoss-spark status`")
-        time.sleep(POLL_SECONDS)
-        if on_state is not None:
-            r = client.request("GET", "/admin/health")
-            health = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-            state = state_of(health) if health.get("state") else None  # an error body has none: skip it
-            if state and state != last_state:
-                on_state(state.value)
-                last_state = state
-        _, op = client.json("GET", op["poll"])
-    return op
 
 
 def follow(client: Client, op: dict, args: argparse.Namespace, settings: Settings) -> int:
@@ -355,6 +212,12 @@ def render_status(snap: dict) -> str:
         if op.get("error"):
             line += f" ({op['error']})"
         rows.append(("operation", line))
+    start = snap.get("start") or {}
+    if start.get("current"):
+        cur = start["current"]
+        rows.append(("starting", f"{cur['phase']} phase, {cur['seconds']:.0f} s since spawn"))
+    if start.get("last"):
+        rows.append(("last start", render_start(start["last"])))
     rows.append(("last error", snap.get("last_error") or "-"))
     out = [f"{k:<11}{v}" for k, v in rows]
     transitions = snap.get("transitions") or []
@@ -364,6 +227,14 @@ def render_status(snap: dict) -> str:
             when = datetime.fromtimestamp(t["at"]).strftime("%H:%M:%S")
             out.append(f"  {when}  {t['from']:>8} -> {t['to']:<8}  {t.get('profile') or '-'}: {t['reason']}")
     return "\n".join(out)
+
+
+def render_start(last: dict) -> str:
+    """One line: how long the last engine start took, by phase, and what it compiled."""
+    took = f"{last['ready_seconds']:.1f} s" if last.get("ready_seconds") is not None else "not ready"
+    phases = ", ".join(f"{p} {v:.1f}" for p, v in (last.get("phases") or {}).items())
+    compiled = "; ".join(last.get("compiled") or []) or "nothing"
+    return f"{took} ({phases}); compiled {compiled}"
 
 
 def render_profiles(body: dict) -> str:

@@ -1,52 +1,43 @@
-"""`gptoss-spark` command line. Each feature module registers its own subcommands.
+"""`gptoss-spark` command line.
 
-A module in COMMAND_MODULES exposes register(subparsers); each parser it adds
-sets `func(args) -> int`. UserError ends in one line on stderr and its exit
+One convention: each package with commands has a `cli.py` whose register(subparsers) adds
+them (the top-level modules commands.py, admin_cli.py and doctor.py are such modules
+themselves), imported here by name; each parser it adds sets `func(args) -> int`.
+base/errors.run_command runs the chosen one: a UserError ends in one line on stderr and its exit
 code, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from . import __version__
-from .errors import UserError
-from .exit_codes import EXIT_INTERRUPTED
+from . import __version__, admin_cli, commands, doctor, warmup
+from .base.errors import run_command
+from .bench import cli as bench_cli
+from .draft import cli as draft_cli
+from .flashinfer_jit import cli as flashinfer_cli
+from .install import cli as install_cli
+from .kernels import cli as kernels_cli
 
-COMMAND_MODULES = (
-    "gptoss_spark.commands",
-    "gptoss_spark.bench.commands", "gptoss_spark.draft.commands",
-    "gptoss_spark.admin_cli",
-    "gptoss_spark.install",
-    "gptoss_spark.install.demo_model",
-    "gptoss_spark.install.patching",
-    "gptoss_spark.kernels.cli",
-    "gptoss_spark.flashinfer_jit.cli",
-    "gptoss_spark.doctor",
-)
+# In the order `gptoss-spark --help` lists them.
+COMMAND_MODULES = (commands, bench_cli, draft_cli, admin_cli, install_cli, kernels_cli, flashinfer_cli, doctor,
+                   warmup)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptoss-spark", description="gpt-oss on a DGX Spark as a host service.")
     parser.add_argument("--version", action="version", version=f"gptoss-spark {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"gptoss-spark: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_command(args.func, args, "gptoss-spark")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from .service import logs
 from .service.api_access import check_api_access
 from .service.argcheck import profiles_rejected
 from .service.config import load_settings, resolve_config_path
-from .service.defaults import CONFIG_HELP
-from .errors import ConfigError
+from .base.defaults import CONFIG_HELP
+from .base.errors import ConfigError
 from .service.profiles import get_profile, load_profiles
 from .service.store import StateStore
 from .service.supervisor import Supervisor, SupervisorParts

@@ -17,8 +17,8 @@ from typing import Callable
 import httpx
 
 from .service.config import Settings, load_settings, resolve_config_path
-from .service.defaults import CONFIG_HELP
-from .errors import ConfigError, UserError
+from .base.defaults import CONFIG_HELP
+from .base.errors import ConfigError, UserError
 from .service.exit_reason import SYSCALL_FILTER_DROPIN, SYSCALL_FILTER_OFF
 from .service.memory import ProcMemorySource
 from .service.profiles import Profile, load_profiles
@@ -102,7 +102,7 @@ def check_flashinfer(settings: Settings, profile: Profile | None) -> list[Findin
     """The kernel caches the active profile needs: each FlashInfer JIT module, built or missing, for which arch."""
     if profile is None:
         return [Finding("flashinfer", WARN, "no active profile to list FlashInfer modules for")]
-    from .flashinfer_jit import cache
+    from .service import flashinfer_cache as cache
     from .flashinfer_jit.build import status
 
     if cache.dist_version(cache.FLASHINFER_DIST) is None:
@@ -142,6 +142,26 @@ def check_draft_head(settings: Settings, profile: Profile | None) -> list[Findin
                                  f"fc takes {report.get('fc_in_features')} inputs")]
 
 
+def check_warm(settings: Settings) -> Finding:
+    """Which profiles this host can run would start without compiling (warmup.py's markers)."""
+    from .warmup import runnable, warm_state
+
+    try:
+        can, _ = runnable(settings, load_profiles(settings))
+    except ConfigError as e:
+        return Finding("warm", FAIL, str(e))
+    cold = {p.name: warm_state(settings, p) for p in can}
+    cold = {n: s for n, s in cold.items() if s != "warm"}
+    if not can:
+        return Finding("warm", WARN, "no profile can run on this host")
+    if not cold:
+        return Finding("warm", OK, f"{', '.join(p.name for p in can)}: a start compiles nothing")
+    listed = ", ".join(f"{n} ({'never warmed' if s == 'never' else 'warmed under other versions'})"
+                       for n, s in sorted(cold.items()))
+    return Finding("warm", WARN, f"not warm: {listed}; their next start compiles (minutes on a Spark): "
+                                 "sudo -u gptoss-spark gptoss-spark warmup --if-cold")
+
+
 def check_service(settings: Settings) -> Finding:
     host = "127.0.0.1" if settings.admin.host in ("0.0.0.0", "::") else settings.admin.host
     try:
@@ -174,7 +194,8 @@ def check_lan_dropin(settings: Settings,
                      dropin: Path = Path("/etc/systemd/system/gptoss-spark.service.d/30-lan.conf")) -> Finding:
     """The unit lets loopback traffic through only; a host off loopback needs the drop-in
     install.sh writes, or clients get no answer at all (their connections time out)."""
-    from .install.dropins import is_loopback, is_masked
+    from .base.net import is_loopback
+    from .install.dropins import is_masked
 
     off = [f"{name}.host {host}" for name, host in (("engine", settings.engine.host), ("admin", settings.admin.host))
            if not is_loopback(host)]
@@ -191,7 +212,8 @@ def run_checks(settings: Settings, venv: Path) -> list[Finding]:
     profile_finding, profile = check_profile(settings)
     checks: list[Callable[[], Finding]] = [
         lambda: profile_finding, lambda: check_tiktoken(settings), lambda: check_patches(venv),
-        lambda: check_memory(settings), check_gpu, check_syscall_filter, lambda: check_lan_dropin(settings),
+        lambda: check_memory(settings), check_gpu, lambda: check_warm(settings), check_syscall_filter,
+        lambda: check_lan_dropin(settings),
         lambda: check_service(settings)]
     findings += [c() for c in checks]
     findings[-1:-1] = check_flashinfer(settings, profile) + check_draft_head(settings, profile)  # before the service

@@ -30,7 +30,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,14 +42,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
-             "--dtype", "bfloat16", "--enforce-eager"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers.admin_service import DEMO_ARGS, free_port  # noqa: E402
+from tests.helpers.demo_settings import demo_settings_toml  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -71,31 +64,10 @@ def own_service(model_dir: Path):
         f'description = "tiny demo"\nmemory_gib = 0\n[engine]\nargs = {json.dumps(DEMO_ARGS)}\n')
     (tmp / "admin.token").write_text("bench-" + os.urandom(16).hex() + "\n")
     config = tmp / "gptoss-spark.toml"
-    config.write_text(f"""
-default_profile = "demo"
-[model]
-dir = "{model_dir}"
-tiktoken_dir = "{model_dir}"
-[engine]
-port = {engine_port}
-cpu_affinity = [{os.cpu_count() - 1}]
-[admin]
-port = {admin_port}
-token_file = "{tmp / 'admin.token'}"
-[paths]
-state_dir = "{tmp / 'state'}"
-profile_dirs = ["{tmp / 'profiles'}"]
-[timeouts]
-load = 900
-drain = 3
-shutdown_grace = 8
-[wedge]
-canary_interval = 0
-[memory]
-start_floor_gib = 0.5
-danger_available_gib = 0.2
-danger_psi_some_avg10 = 100
-""")
+    config.write_text(demo_settings_toml(
+        model_dir=model_dir, state_dir=tmp / "state", profile_dirs=[tmp / "profiles"],
+        token_file=tmp / "admin.token", engine_port=engine_port, admin_port=admin_port,
+        timeouts={"canary": None, "probe_interval": None}))  # the service's own defaults for these two
     log = (tmp / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "serve", "--config", str(config)],
                             stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gptoss_spark.flashinfer_jit import cache  # noqa: E402
+from gptoss_spark.service import flashinfer_cache as cache  # noqa: E402
 from summarize import summarize  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gptoss_spark.flashinfer_jit import cache  # noqa: E402
+from gptoss_spark.service import flashinfer_cache as cache  # noqa: E402
 
 CLASSES = (
     ("moe_gemm_kernels", re.compile(r"^moe_gemm_moe_gemm_kernels_")),

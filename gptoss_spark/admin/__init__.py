@@ -4,8 +4,8 @@ It parses, authorizes, calls the supervisor and maps its outcomes to HTTP; it
 never touches processes. Served by uvicorn inside the supervisor's own event
 loop (server.py), without taking over the supervisor's signals.
 
-create_app and run_admin_server are imported lazily, so the CLI can use
-admin.auth without loading FastAPI and uvicorn.
+client.py is the other end, the API's client (admin CLI, bench ab). create_app and
+run_admin_server are imported lazily, so the client loads neither FastAPI nor uvicorn.
 """
 
 from __future__ import annotations

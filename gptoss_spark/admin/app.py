@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..service.config import Settings
 from ..service.fit import why_not
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from ..service.profiles import PROFILE_NAME_RE, load_profiles
 from ..service.status import OpStatus
 from .auth import authorize, check_token_file_mode
@@ -232,6 +232,28 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
         # Accepted and carried out, but it failed (and was rolled back where it could be).
         return JSONResponse({**body, "message": view.error}, status_code=500, headers=NO_STORE)
 
+    def validated(request: Request, action: str, model: type, data: Any,
+                  hint: str = "") -> tuple[Any, JSONResponse | None]:
+        """(the body as `model`, None), or (None, a 422 naming the field) with the refusal audited."""
+        try:
+            return model.model_validate(data), None
+        except ValidationError as e:
+            message = _schema_error(e)
+            audit(request, action, f"rejected: {message}")
+            return None, error(422, "invalid", message + hint)
+
+    def refused(request: Request, action: str, e: "Rejected", **fields: Any) -> JSONResponse:
+        """The supervisor said no: audited, answered with its code's HTTP status."""
+        audit(request, action, f"rejected: {e.code}", **fields, reason=str(e))
+        return error(REJECTED_STATUS.get(e.code, 409), e.code, str(e))
+
+    async def accepted(request: Request, action: str, operation: "Operation", wait: bool,
+                       **fields: Any) -> JSONResponse:
+        """An operation began: audited, watched to its end, answered (202, or its end with ?wait)."""
+        audit(request, action, "accepted", **fields)
+        watch(operation, _peer(request))
+        return await operation_response(request, operation, wait)
+
     async def mutation_preamble(request: Request, action: str) -> tuple[Any, bool, JSONResponse | None]:
         auth = authorize(request.headers.get("authorization"), token_file)
         if not auth.ok:
@@ -313,45 +335,34 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
         if data is None:
             audit(request, "switch", "rejected: empty body")
             return error(422, "invalid", 'expected a JSON object like {"name": "spec"}')
-        try:
-            body = SwitchBody.model_validate(data)
-        except ValidationError as e:
-            message = _schema_error(e)
-            audit(request, "switch", f"rejected: {message}")
-            return error(422, "invalid", message)
+        body, bad = validated(request, "switch", SwitchBody, data)
+        if bad is not None:
+            return bad
         try:
             op = supervisor.request_switch(body.name)
         except Rejected as e:
-            audit(request, "switch", f"rejected: {e.code}", target=body.name, reason=str(e))
-            return error(REJECTED_STATUS.get(e.code, 409), e.code, str(e))
+            return refused(request, "switch", e, target=body.name)
         if op is None:
             audit(request, "switch", "no-op: already active and ready", target=body.name)
             return JSONResponse({"status": "noop", "target": body.name, "state": supervisor.status().state.value,
                                  "message": f"profile {body.name} is already active and ready"},
                                 headers=NO_STORE)
-        audit(request, "switch", "accepted", target=body.name, op=op.id, from_profile=op.from_profile)
-        watch(op, _peer(request))
-        return await operation_response(request, op, wait)
+        return await accepted(request, "switch", op, wait, target=body.name, op=op.id, from_profile=op.from_profile)
 
     @app.post("/admin/restart")
     async def restart(request: Request) -> JSONResponse:
         data, wait, bad = await mutation_preamble(request, "restart")
         if bad is not None:
             return bad
-        try:
-            RestartBody.model_validate({} if data is None else data)
-        except ValidationError as e:
-            message = _schema_error(e)
-            audit(request, "restart", f"rejected: {message}")
-            return error(422, "invalid", f"{message} (restart takes no fields)")
+        _, bad = validated(request, "restart", RestartBody, {} if data is None else data,
+                           hint=" (restart takes no fields)")
+        if bad is not None:
+            return bad
         try:
             op = supervisor.request_restart()
         except Rejected as e:
-            audit(request, "restart", f"rejected: {e.code}", reason=str(e))
-            return error(REJECTED_STATUS.get(e.code, 409), e.code, str(e))
-        audit(request, "restart", "accepted", target=op.target, op=op.id)
-        watch(op, _peer(request))
-        return await operation_response(request, op, wait)
+            return refused(request, "restart", e)
+        return await accepted(request, "restart", op, wait, target=op.target, op=op.id)
 
     @app.post("/admin/cluster/order")
     async def cluster_order(request: Request) -> JSONResponse:
@@ -366,12 +377,9 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
             audit(request, "cluster order", "rejected: not a cluster worker")
             return error(409, "not_worker", "only a cluster worker takes orders; this node's role is "
                                             f"{role or 'single'}")
-        try:
-            body = OrderBody.model_validate(data)
-        except ValidationError as e:
-            message = _schema_error(e)
-            audit(request, "cluster order", f"rejected: {message}")
-            return error(422, "invalid", message)
+        body, bad = validated(request, "cluster order", OrderBody, data)
+        if bad is not None:
+            return bad
         supervisor.order_from_head(body.generation, body.profile, body.run)
         audit(request, "cluster order", "accepted", generation=body.generation, target=body.profile, run=body.run)
         after = supervisor.status().cluster

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily, Metric)
 from prometheus_client.registry import Collector
 
 from .. import __version__
@@ -69,6 +70,19 @@ def status_metrics(st: SupervisorStatus) -> Iterator[Metric]:
 
     yield GaugeMetricFamily(f"{PREFIX}_start_time_seconds", "When the supervisor started (unix time)",
                             value=st.started_at)
+
+    if st.start is not None:
+        phases = HistogramMetricFamily(f"{PREFIX}_engine_start_phase_seconds",
+                                       "Seconds of each phase of the engine starts that got ready "
+                                       "(phase total: spawn to ready)", labels=["phase"])
+        for phase, (bounds, counts, total, _n) in st.start.histograms.items():
+            buckets = [(str(b), c) for b, c in zip(bounds, counts)] + [("+Inf", counts[-1])]
+            phases.add_metric([phase], buckets, total)
+        yield phases
+        last = st.start.last or {}
+        yield GaugeMetricFamily(f"{PREFIX}_engine_start_compiles",
+                                "What the last engine start compiled (log events and new kernel cache entries)",
+                                value=len(last.get("compiled") or []))
 
     build = InfoMetricFamily(f"{PREFIX}_build", "gptoss-spark version")
     build.add_metric([], {"version": __version__})

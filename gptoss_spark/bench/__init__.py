@@ -19,5 +19,5 @@ the bench extra).
     benchy_main  llama-benchy's entry point with the API key from the environment
     render    human tables and the TTY progress line
     seed      the seed project's published Spark figures (the seed's, not ours)
-    commands  CLI registration
+    cli       its commands: register(subparsers)
 """

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from ..admin_cli import POLL_SECONDS, ApiError, Client, operation_of, state_of, wait_operation
-from ..errors import UserError
+from ..admin.client import POLL_SECONDS, ApiError, Client, operation_of, state_of, wait_operation
+from ..base.errors import UserError
 from ..service.profiles import unknown_profiles
 from ..service.states import State
 from ..service.status import OpStatus

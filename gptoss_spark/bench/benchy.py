@@ -17,7 +17,6 @@ llama-benchy in-process; llama-benchy itself only takes it on its command line.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from importlib import metadata
 from importlib.resources import files
 from pathlib import Path
 
+from ..base.fsutil import read_json
 from .benchy_main import API_KEY_ENV
 
 CORPUS_NAME = "sherlock-holmes-i-ii.txt"
@@ -119,7 +119,7 @@ def run_point(s: Settings, depth: int, concurrency: int) -> dict:
         raw = None
         if result_file.is_file():
             try:
-                raw = json.loads(result_file.read_text())
+                raw = read_json(result_file)
             except ValueError:
                 raw = None
     error = None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
+from ..base.fsutil import read_json
 from .arena import RESULT_KIND_ARENA
 from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH
@@ -47,7 +47,7 @@ PROTOCOL_KEYS = ("endpoint", "max_tokens", "temperature", "reasoning_effort", "i
 def load_result(path: str | Path) -> dict:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}; pass a file written by `bench --out` or `loadtest --out`") from None
     except ValueError:

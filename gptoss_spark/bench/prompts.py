@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 
 SHIPPED_PROMPTS = "prompts.jsonl"
 _ROLES = {"system", "developer", "user", "assistant"}

@@ -208,6 +208,28 @@ def render_ab(result: dict) -> str:
     if result["interrupted"]:
         lines.append("interrupted: the profiles not reached were not measured")
     lines.append(f"recommendation: {result['recommendation']['text']}")
+    if result.get("recommendation_by_load") is not None:
+        from .sweep import render_ranges
+
+        lines += ["recommendation by load (highest aggregate tok/s at each swept concurrency):",
+                  *render_ranges(result["recommendation_by_load"])]
+        lines.append(f"sweep curves: {result['files']['png']} (data: {result['files']['csv']})")
+    return "\n".join(lines) + "\n"
+
+
+def render_sweep(result: dict, json_path, csv_path, png_path) -> str:
+    """`loadtest --sweep`: one row per concurrency, and where the files are."""
+    lines = _header(result, "gptoss-spark loadtest --sweep")
+    headers = ["users", "aggregate tok/s", "per-user tok/s", "TTFT p50 s", "TTFT p95 s", "requests", "invalid"]
+    rows = [[str(p["concurrency"]), _f(p["aggregate_tok_s"]), _f(p["per_user_tok_s"]), _f(p["ttft_p50_s"], ".3f"),
+             _f(p["ttft_p95_s"], ".3f"), str(p["requests"]), str(p["invalid_requests"])] for p in result["points"]]
+    lines += _table(headers, rows, right=set(range(len(headers))))
+    for p in result["points"]:
+        for reason in p["invalid_reasons"]:
+            lines.append(f"  {p['concurrency']} users: invalid: {reason}")
+    if not result["host"].get("is_dgx_spark"):
+        lines.append("this host is not a DGX Spark: its numbers say nothing about a Spark")
+    lines += ["", f"JSON {json_path}", f"CSV  {csv_path}", f"PNG  {png_path}"]
     return "\n".join(lines) + "\n"
 
 

@@ -13,13 +13,14 @@ import hashlib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 from . import arena as spark_arena
 from . import benchy
 from .load import loadtest_result, run_load
 from .prompts import Prompt, load_prompts, shipped_prompts_path
 from .render import Progress
 from . import speculation
+from . import sweep as load_sweep
 from .request import RequestSpec
 from .single import bench_result, run_single_stream
 from .snapshot import host_snapshot
@@ -91,6 +92,18 @@ def load(args, prompts: list[Prompt], source: str, target: Target) -> dict:
                              warm, measured, start, end, host, started)
     result["speculation"] = speculation.acceptance(before, speculation.read_counters(target.base_url))
     return result
+
+
+def sweep(args, prompts: list[Prompt], source: str, target: Target) -> dict:
+    """`loadtest --sweep`: each concurrency of args.sweep in turn, --sweep-seconds each."""
+    spec = request_spec(args, target)
+    progress = _progress(args)
+    try:
+        return load_sweep.run_sweep(target, spec, prompts, source, args.sweep, args.sweep_seconds, args.warmup,
+                                    args.timeout, lambda: host_snapshot(args.admin_url, target.server_version),
+                                    progress)
+    finally:
+        progress.close()
 
 
 def arena(args, target: Target, tokenizer: Path) -> dict:

@@ -6,7 +6,6 @@ never an error (the bench also runs from thin client venvs and non-Spark hosts).
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 import socket
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from ..service.defaults import ADMIN_URL
+from ..base.defaults import ADMIN_URL
+from ..base.fsutil import read_json
 
 DEFAULT_ADMIN_URL = ADMIN_URL  # the admin API with the default settings
 PATCH_MANIFEST_NAME = "gptoss-spark-patches.json"
@@ -105,7 +105,7 @@ def patch_manifest(venv: Path) -> dict:
         result["reason"] = "no patch manifest in this venv"
     else:
         try:
-            manifest = json.loads(path.read_text())
+            manifest = read_json(path)
             # The per-file hashes are long and say nothing the state does not.
             result["manifest"] = {k: v for k, v in manifest.items() if k != "files"} if isinstance(manifest, dict) else manifest
         except (OSError, ValueError) as e:

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from ..errors import UserError
-from ..exit_codes import EXIT_UNAVAILABLE
-from ..service.defaults import ENGINE_URL
+from ..base.errors import ConfigError, UserError
+from ..base.exit_codes import EXIT_UNAVAILABLE
+from ..base.defaults import ENGINE_URL
+from ..base.net import local_url
 
 # The engine with the default settings; `bench ab` reads the settings file instead.
 DEFAULT_BASE_URL = ENGINE_URL
@@ -95,3 +96,30 @@ def _choose_model(model: str | None, served: dict, base_url: str) -> str:
     if len(served) == 1:
         return next(iter(served))
     raise UserError(f"{base_url} serves {sorted(served)} and none is {DEFAULT_MODEL!r}; pass --model NAME")
+
+
+def api_key_for(args, url: str, settings=None) -> str | None:
+    """The key to send to url: --api-key-file's, else the settings' key if url is the settings' engine.
+
+    Never the service's key to another server: --url elsewhere needs --api-key-file.
+    """
+    from ..service.api_access import read_api_key
+    from ..service.config import load_settings, resolve_config_path
+
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as e:
+            raise UserError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}; "
+                            "pass a readable file (root or the gptoss-spark group for the service's)") from None
+        if not key:
+            raise UserError(f"--api-key-file {args.api_key_file} is empty; pass the file with the key")
+        return key
+    if settings is None:
+        try:
+            settings = load_settings(resolve_config_path(getattr(args, "config", None)), must_exist=False)
+        except ConfigError:
+            return None  # no usable settings, so no key of theirs; a 401 then says --api-key-file
+    if url.rstrip("/") != local_url(settings.engine.host, settings.engine.port):
+        return None
+    return read_api_key(settings)

@@ -4,7 +4,7 @@
     head      read an Eagle3 head directory (config keys, tensors, draft->target map)
     shrink    keep the top-K rows of lm_head, write d2t/t2d and config, check the result
     verify    check a head directory is consistent the way vLLM 0.32.0 reads it
-    commands  CLI registration (`gptoss-spark draft counts|shrink|verify`)
+    cli       its commands: register(subparsers) (`gptoss-spark draft counts|shrink|verify`)
 
 vLLM 0.32.0 format (vllm/model_executor/models/llama_eagle3.py, Eagle3LlamaForCausalLM):
 - config `draft_vocab_size` = rows of lm_head (absent: equals `vocab_size`);

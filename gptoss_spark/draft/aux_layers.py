@@ -13,9 +13,9 @@ only well above 1.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..base.fsutil import read_json
 from .head import EagleHead
 
 
@@ -34,7 +34,7 @@ def read_target(model_dir: Path) -> dict:
     f = Path(model_dir) / "config.json"
     if not f.is_file():
         return {}
-    cfg = json.loads(f.read_text())
+    cfg = read_json(f)
     return {"layers": cfg.get("num_hidden_layers"), "hidden_size": cfg.get("hidden_size")}
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from ..errors import UserError
+from ..base.errors import UserError
+from ..base.fsutil import read_json
 
 COUNTS_FORMAT = "gptoss-spark.token-counts"
 
@@ -52,7 +53,7 @@ def save_counts(counts: TokenCounts, path: Path) -> None:
 
 def load_counts(path: Path) -> TokenCounts:
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(Path(path))
     except OSError as e:
         raise UserError(f"cannot read counts file {path}: {e.strerror}") from None
     except ValueError:

@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
+from ..base.fsutil import read_json
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
@@ -94,7 +95,7 @@ class EagleHead:
 def read_config(path: Path) -> HeadConfig:
     cfg_path = path / CONFIG_NAME
     try:
-        raw = json.loads(cfg_path.read_text())
+        raw = read_json(cfg_path)
     except OSError as e:
         raise UserError(f"cannot read {cfg_path}: {e.strerror}; pass the directory of an Eagle3 head") from None
     except ValueError:
@@ -118,7 +119,7 @@ def open_head(path: str | Path) -> EagleHead:
     index = path / INDEX_NAME
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json(index)["weight_map"]
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"{index} is unreadable or has no weight_map ({e})") from None
         files = {name: path / fname for name, fname in weight_map.items()}

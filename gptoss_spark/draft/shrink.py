@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 from .counts import TokenCounts
 from .head import CONFIG_NAME, INDEX_NAME, open_head
 from .verify import coverage, verify_head

@@ -5,9 +5,12 @@ this the engine compiles them at its first start on the Spark, next to the
 weights in unified memory and with unbounded parallelism. Here:
 
   modules.py  which modules each profile's engine loads (derived from vLLM's code path)
-  cache.py    where they live (keyed by FlashInfer + arch + toolkit), how many jobs
   build.py    the build (as the service user) and the venv links the engine loads them by
   cli.py      `gptoss-spark flashinfer build|link|status`
+
+Where they live (keyed by FlashInfer + arch + toolkit) and how many jobs memory allows is
+service/flashinfer_cache.py: the engine's environment needs it at every start, and service/
+imports nothing above it.
 
 Only the build imports FlashInfer, and only its jit submodules: `import
 flashinfer` itself queries the GPU.

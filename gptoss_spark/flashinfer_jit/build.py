@@ -3,7 +3,7 @@
 build  (the service user, at install): each module the profiles need (modules.py), one
        process per module, its ninja output to a log, parallelism from cache.jobs_for,
        progress per module and a total. A module already built for the key is skipped
-       without running ninja (see cache.py for why ninja must not decide).
+       without running ninja (see service/flashinfer_cache.py for why ninja must not decide).
 link   (root, at install): the running venv's flashinfer/data/aot/<name> -> the built
        module's directory, so the engine loads it as an ahead-of-time module.
 status (doctor, `flashinfer status`): per profile, each module built or missing, linked or not.
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..service.config import Settings
-from ..errors import UserError
-from ..exit_codes import EXIT_FLASHINFER
+from ..base.errors import UserError
+from ..base.exit_codes import EXIT_FLASHINFER
+from ..base.fsutil import write_atomic
 from ..service.memory import ProcMemorySource
 from ..service.profiles import Profile, load_profiles, unknown_profiles
-from . import cache
+from ..service import flashinfer_cache as cache
 from .modules import Derivation, JitModule, Note, derive
 
 HEARTBEAT_SECONDS = 60.0
@@ -258,9 +259,7 @@ def build(settings: Settings, *, modules: Iterable[str] | None = None, profiles:
         marker = {"module": need.module.name, "arch_list": need.arch_list, "flashinfer": key.flashinfer,
                   "nvcc": key.nvcc, "tvm_ffi": key.tvm_ffi, "seconds": round(seconds, 1),
                   "peak_rss_bytes": peak, "jobs": jobs, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        tmp = mdir / (cache.BUILT_MARKER + ".tmp")
-        tmp.write_text(json.dumps(marker, indent=2) + "\n")
-        os.replace(tmp, mdir / cache.BUILT_MARKER)
+        write_atomic(mdir / cache.BUILT_MARKER, (json.dumps(marker, indent=2) + "\n").encode())
         say(f"{prefix} {need.module.name}: built in {_fmt_duration(seconds)}, "
             f"peak {peak / cache.GIB:.1f} GiB in one process")
         results.append(ModuleResult(need.module.name, need.arch_list, "built", seconds, peak))

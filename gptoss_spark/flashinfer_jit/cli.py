@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict
 
 from ..service.config import load_settings, resolve_config_path
-from ..service.defaults import CONFIG_HELP
+from ..base.defaults import CONFIG_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:

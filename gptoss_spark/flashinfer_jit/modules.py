@@ -81,9 +81,10 @@ SAMPLING = JitModule(
 # Not an nvcc module: MoEPrepareAndFinalizeNoDPEPModular.prepare -> moe_kernel_quantize_input("mxfp8")
 # -> mxfp8_utils._mxfp8_e4m3_quantize_impl -> flashinfer.mxfp8_quantize(..., backend="cute-dsl").
 NOTE_MXFP8_CUTE_DSL = Note("MXFP8 activation quantization runs FlashInfer's CuTe-DSL kernel "
-                       "(flashinfer.mxfp8_quantize backend='cute-dsl'): compiled in the engine process at its "
-                       "first start, no nvcc, then kept in the DSL's file cache (CUTE_DSL_CACHE_DIR, under "
-                       "the state dir); nothing to prebuild")
+                       "(flashinfer.mxfp8_quantize backend='cute-dsl'): compiled in the engine process (no nvcc) "
+                       "by the install's warm-up or the first start, exported to <state_dir>/cache/cute-dsl and "
+                       "loaded from there by every later start (gptoss_spark/engine_hooks/cute_dsl_cache.py); "
+                       "nothing to prebuild here")
 
 ATTENTION_WITHOUT_FLASHINFER = {"TRITON_ATTN", "FLASH_ATTN", "FLEX_ATTENTION", "TRITON_MLA"}
 FLASHINFER_MOE_BACKENDS = ("flashinfer_cutlass",)

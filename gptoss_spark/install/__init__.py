@@ -5,7 +5,3 @@
 Also install-time, but run inside the new venv (they need what it has): patching (vLLM's
 patches, applied and verified), demo_model (the --cpu model; torch, imported lazily) and
 tiktoken_file (the tokenizer file the first start must not download)."""
-
-from .cli import register
-
-__all__ = ["register"]

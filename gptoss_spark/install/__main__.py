@@ -5,22 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import UserError
-from ..exit_codes import EXIT_INTERRUPTED
-from .cli import register
+from ..base.errors import run_command
+from .cli import register_steps
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptoss-spark")
-    register(parser.add_subparsers(dest="command", required=True))
+    register_steps(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["install", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"gptoss-spark install: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_command(args.func, args, "gptoss-spark install")
 
 
 if __name__ == "__main__":

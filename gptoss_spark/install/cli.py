@@ -11,14 +11,16 @@ import argparse
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from . import cluster, dropins, locks, peer, placement, preflight, uninstall, validate, venvs, versions, why
+from . import (cluster, demo_model, dropins, locks, patching, peer, placement, preflight, uninstall, validate, venvs,
+               versions, why)
 from .checks import Check
-from ..exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
-from ..service.defaults import ADMIN_PORT, LOOPBACK
-from .layout import InstallError, Layout, layout_from_env
+from ..base.exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
+from ..base.defaults import ADMIN_PORT, LOOPBACK
+from .layout import SERVICE, InstallError, Layout, layout_from_env
 
 
 def _say(*lines: str) -> None:
@@ -164,6 +166,13 @@ def cmd_assets(args: argparse.Namespace) -> int:
 def cmd_flashinfer(args: argparse.Namespace) -> int:
     layout = _layout(args)
     venvs.prebuild_flashinfer(layout, layout.venvs_dir / args.venv_id, cpu=args.cpu, log=_say, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    active = subprocess.run(["systemctl", "is-active", "--quiet", SERVICE]).returncode == 0
+    venvs.warm_up(layout, layout.venvs_dir / args.venv_id, service_active=active, log=_say, dry_run=args.dry_run)
     return 0
 
 
@@ -386,6 +395,14 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """`install STEP`, and the two install-time commands that run in the new venv: `demo-model`
+    and `patches` (their options stand beside their code)."""
+    register_steps(sub)
+    demo_model.register(sub)
+    patching.register(sub)
+
+
+def register_steps(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help="installer steps (run by install.sh)",
                        description="The steps of install.sh, one at a time. Run ./install.sh instead.")
     steps = p.add_subparsers(dest="install_step", metavar="STEP", required=True)
@@ -436,6 +453,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
     step("token", cmd_token, "admin token and API key, only if absent")
     sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
+    sp.add_argument("--venv-id", required=True)
+    sp = step("warmup", cmd_warmup, "start each profile's engine once (later starts compile nothing)")
     sp.add_argument("--venv-id", required=True)
     sp = step("unit", cmd_unit, "keep the unit with its venv (installed now if that venv is current)", source=True)
     sp.add_argument("--venv-id", required=True)

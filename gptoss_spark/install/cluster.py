@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..exit_codes import EXIT_LAN, EXIT_USAGE
-from ..service.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
+from ..base.exit_codes import EXIT_LAN, EXIT_USAGE
+from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
+from ..base.fsutil import write_atomic
 from .dropins import links
 from .layout import InstallError, Layout
-from .placement import Placed, _toml_value, _write_atomic, read_config, render_config, set_toml_keys
+from .placement import Placed, _toml_value, read_config, render_config, set_toml_keys
 
 ROLES = ("head", "worker", "single")
 # vLLM's TCPStore on the head; the service's default (ClusterSettings.master_port).
@@ -260,8 +261,8 @@ def place(layout: Layout, source: Path, flags: RoleFlags, *, cpu: bool, addr_jso
         return Placed(dest, "would-replace")
     mode = dest.stat().st_mode & 0o777 if dest.exists() else 0o644
     if dest.exists():
-        _write_atomic(dest.with_name(dest.name + ".old"), text.encode(), mode)
-    _write_atomic(dest, new.encode(), mode)
+        write_atomic(dest.with_name(dest.name + ".old"), text.encode(), mode)
+    write_atomic(dest, new.encode(), mode)
     return Placed(dest, "replaced")
 
 

@@ -43,7 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
+from ..base.fsutil import read_json
 from .tiktoken_file import FILE_NAME as TIKTOKEN_FILE_NAME
 from .tiktoken_file import install_tiktoken_file
 
@@ -244,7 +245,7 @@ def _write_tokenizer(tiktoken_path: Path, out: Path) -> None:
     # transformers 5 writes "TokenizersBackend"; the published checkpoints say
     # PreTrainedTokenizerFast, which transformers 4 and 5 both load.
     cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_json(cfg_path)
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
@@ -301,7 +302,7 @@ def _write_weights(out: Path, seed: int, experts: str = "bf16") -> None:
     if experts != "bf16":
         _mxfp4_experts(out / "model.safetensors", seed, experts)
     cfg_path = out / "config.json"
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_json(cfg_path)
     if experts == "mxfp4":
         cfg["quantization_config"] = MXFP4_QUANTIZATION_CONFIG
     cfg["torch_dtype"] = cfg.get("torch_dtype", "bfloat16")
@@ -319,7 +320,7 @@ def is_complete(out_dir: Path, seed: int, experts: str = "bf16") -> bool:
     """True when out_dir holds a finished demo model of this version, seed and expert format."""
     out_dir = Path(out_dir)
     try:
-        marker = json.loads((out_dir / MARKER_NAME).read_text())
+        marker = read_json(out_dir / MARKER_NAME)
     except (OSError, ValueError):
         return False
     if {k: marker.get(k) for k in ("version", "seed", "experts")} != _marker(seed, experts):

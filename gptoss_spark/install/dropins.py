@@ -21,9 +21,11 @@ import os
 import subprocess
 from pathlib import Path
 
-from ..service.defaults import LOOPBACK
+from ..base.defaults import LOOPBACK
+from ..base.fsutil import write_atomic
+from ..base.net import is_loopback
 from .layout import Layout
-from .placement import Placed, _write_atomic, read_config
+from .placement import Placed, read_config
 
 SHIPPED_DIR = Path("systemd") / "gptoss-spark.service.d"
 SYSCALL_FILTER = "20-syscall-filter.conf"
@@ -51,22 +53,12 @@ def install_shipped(layout: Layout, source: Path, *, dry_run: bool = False) -> l
         else:
             existed = dest.exists() or dest.is_symlink()
             dest.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(dest, new, 0o644)
+            write_atomic(dest, new, 0o644)
             out.append(Placed(dest, "replaced" if existed else "created"))
     return out
 
 
 # ------------------------------------------------------------ 30-lan.conf
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost: addresses no other host can reach."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 def bound_hosts(config_file: Path) -> list[str]:
     """engine.host and admin.host of the installed config (defaults: loopback)."""
@@ -147,5 +139,5 @@ def place_lan(layout: Layout, *, addresses: str | None = None, dry_run: bool = F
         return Placed(dest, "would-replace" if dest.exists() else "would-create")
     existed = dest.exists()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(dest, new, 0o644)
+    write_atomic(dest, new, 0o644)
     return Placed(dest, "replaced" if existed else "created")

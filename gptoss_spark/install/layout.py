@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
-from ..service.defaults import DEFAULT_CONFIG_PATH
+from ..base.errors import UserError
+from ..base.defaults import DEFAULT_CONFIG_PATH
 
 SERVICE = "gptoss-spark"
 UNIT_NAME = "gptoss-spark.service"

@@ -32,10 +32,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
-from ..exit_codes import (EXIT_PATCH_APPLY, EXIT_PATCH_DRIFT, EXIT_PATCH_INPUT, EXIT_PATCH_NOT_APPLIED,
+from ..base.errors import UserError
+from ..base.exit_codes import (EXIT_PATCH_APPLY, EXIT_PATCH_DRIFT, EXIT_PATCH_INPUT, EXIT_PATCH_NOT_APPLIED,
                           EXIT_PATCH_SET, EXIT_PATCH_TAMPERED, EXIT_PATCH_VERSION)
-from ..fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 
 MANIFEST_NAME = "gptoss-spark-patches.json"
 SERIES_NAME = "series.json"
@@ -264,7 +264,7 @@ def load_patch_set(directory: Path | None = None, venv: Path | str | None = None
         raise PatchInputError(f"no patch set at {directory} ({SERIES_NAME} missing); "
                               f"pass --patches-dir or set {ENV_PATCHES_DIR} to the checkout's patches/vllm")
     try:
-        series = json.loads(series_path.read_text())
+        series = read_json(series_path)
         version = str(series["vllm_version"])
         dists = tuple(series.get("distributions", ["vllm"]))
         names = tuple(series["patches"])
@@ -386,7 +386,7 @@ def file_states(target: Target, ps: PatchSet) -> list[FileState]:
 
 def read_manifest(target: Target) -> dict | None:
     try:
-        data = json.loads(target.manifest_path.read_text())
+        data = read_json(target.manifest_path)
     except FileNotFoundError:
         return None
     except ValueError:
@@ -427,9 +427,8 @@ def inspect_venv(venv: Path | str, patches_dir: Path | None = None) -> Report:
 
 # ---- writing, all or nothing ----
 
-def _write_atomic(path: Path, data: bytes, mode: int | None) -> None:
-    write_atomic(path, data, mode if mode is not None else 0o644, sync_dir=False)
-
+# Each file through write_atomic without the directory fsync (sync_dir=False): many files in one
+# site-packages, and the manifest, written last, says whether the set is complete.
 
 def _remove(path: Path) -> None:
     try:
@@ -479,9 +478,9 @@ def apply(venv: Path | str, patches_dir: Path | None = None) -> str:
         for rel, text in rendered.items():
             path = target.site_packages / rel
             old = path.read_bytes() if originals[rel] is not None else None
-            mode = path.stat().st_mode & 0o777 if old is not None else None
+            mode = path.stat().st_mode & 0o777 if old is not None else 0o644
             written.append((path, old))
-            _write_atomic(path, text.encode(), mode)
+            write_atomic(path, text.encode(), mode, sync_dir=False)
         _write_manifest(target, ps)
         _record_patch_set(target, ps)
     except OSError as e:
@@ -502,7 +501,7 @@ def _rollback(written: list[tuple[Path, bytes | None]]) -> list[str]:
             if old is None:
                 _remove(path)
             else:
-                _write_atomic(path, old, path.stat().st_mode & 0o777 if path.exists() else None)
+                write_atomic(path, old, path.stat().st_mode & 0o777 if path.exists() else 0o644, sync_dir=False)
         except OSError:
             failures.append(str(path))
     return failures
@@ -517,7 +516,7 @@ def _record_patch_set(target: Target, ps: PatchSet) -> None:
     for name in (SERIES_NAME, *ps.patch_names):
         data = (ps.directory / name).read_bytes()
         if not (dest / name).is_file() or (dest / name).read_bytes() != data:
-            _write_atomic(dest / name, data, 0o644)
+            write_atomic(dest / name, data, 0o644, sync_dir=False)
 
 
 def _write_manifest(target: Target, ps: PatchSet) -> None:
@@ -530,7 +529,7 @@ def _write_manifest(target: Target, ps: PatchSet) -> None:
         "applied_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "files": {rel: {"before": h["before"], "after": h["after"]} for rel, h in ps.files.items()},
     }
-    _write_atomic(target.manifest_path, (json.dumps(manifest, indent=2) + "\n").encode(), 0o644)
+    write_atomic(target.manifest_path, (json.dumps(manifest, indent=2) + "\n").encode(), 0o644, sync_dir=False)
 
 
 def verify(venv: Path | str, patches_dir: Path | None = None) -> str:

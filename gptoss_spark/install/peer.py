@@ -24,7 +24,8 @@ from typing import Callable
 
 from .checks import Check
 from .cluster import Cluster
-from ..exit_codes import EXIT_PEER
+from ..base import token as base_token
+from ..base.exit_codes import EXIT_PEER
 TIMEOUT_S = 3.0
 # Proxies from the environment must not see the cluster link (or the token).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -144,10 +145,9 @@ def wait_worker_up(url: str, *, timeout: float, poll: float = 1.0,
 
 
 def read_token(path: Path) -> str | None:
-    """This node's admin token as the admin API reads it (stripped), None when there is none yet."""
+    """This node's admin token as the admin API reads it, None when there is no usable one yet."""
     try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
+        return base_token.read_token(path)
+    except base_token.TokenUnavailable:
         return None
-    return token or None
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..service.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
+from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
+from ..base.fsutil import write_atomic
 from .layout import Layout
 
 DEMO_PROFILE = "demo"
@@ -66,18 +67,6 @@ def ids(layout: Layout) -> tuple[int, int] | None:
         return None
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 SHIPPED_FILE = ".shipped.json"
 
 
@@ -105,7 +94,7 @@ class Shipped:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.path, (json.dumps(self.digests, indent=1, sort_keys=True) + "\n").encode(), 0o644)
+        write_atomic(self.path, (json.dumps(self.digests, indent=1, sort_keys=True) + "\n").encode(), 0o644)
 
 
 def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: bool = False,
@@ -116,7 +105,7 @@ def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: b
     if not dest.exists():
         if not dry_run:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(dest, content, mode)
+            write_atomic(dest, content, mode)
             if shipped is not None:
                 shipped.wrote(dest, content)
         return Placed(dest, "would-create" if dry_run else "created")
@@ -133,7 +122,7 @@ def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: b
     if shipped is not None and shipped.unedited(dest, current):
         if dry_run:
             return Placed(dest, "would-upgrade")
-        _write_atomic(dest, content, mode)
+        write_atomic(dest, content, mode)
         shipped.wrote(dest, content)
         if dist.exists() and dist.read_bytes() == content:
             dist.unlink()
@@ -141,7 +130,7 @@ def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: b
     if dry_run:
         return Placed(dest, "would-keep")
     if not dist.exists() or dist.read_bytes() != content:
-        _write_atomic(dist, content, mode)
+        write_atomic(dist, content, mode)
     return Placed(dest, "kept")
 
 
@@ -359,7 +348,7 @@ def install_unit(layout: Layout, source: Path, *, dry_run: bool = False, last_wr
     dest.parent.mkdir(parents=True, exist_ok=True)
     if edited:
         shutil.copy2(dest, dest.with_name(dest.name + ".old"))
-    _write_atomic(dest, new, 0o644)
+    write_atomic(dest, new, 0o644)
     return Placed(dest, "replaced" if existed else "created", saved_aside=edited)
 
 

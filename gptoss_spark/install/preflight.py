@@ -22,8 +22,8 @@ from typing import Callable
 
 from . import toolkit
 from .checks import Check, PreflightResult
-from ..exit_codes import EXIT_DISK, EXIT_NOT_ROOT, EXIT_NO_GPU, EXIT_NO_SYSTEMD, EXIT_PYTHON, EXIT_WRONG_ARCH, EXIT_WRONG_GPU
-from ..service.defaults import DEFAULT_CONFIG_PATH
+from ..base.exit_codes import EXIT_DISK, EXIT_NOT_ROOT, EXIT_NO_GPU, EXIT_NO_SYSTEMD, EXIT_PYTHON, EXIT_WRONG_ARCH, EXIT_WRONG_GPU
+from ..base.defaults import DEFAULT_CONFIG_PATH
 from .layout import Layout
 
 SPARK_ARCH = "aarch64"

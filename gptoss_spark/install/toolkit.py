@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from .checks import Check
-from ..exit_codes import EXIT_DRIVER, EXIT_TOOLKIT
+from ..base.exit_codes import EXIT_DRIVER, EXIT_TOOLKIT
 
 # torch 2.13.0 on aarch64 (PyPI) is the CUDA 13.0 build, and CUDA 13.x runs on
 # the r580 driver branch and newer; DGX OS ships 580.

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
+from ..base.exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
 from .layout import InstallError, Layout
 from .placement import Shipped, read_config
 from .venvs import AS_SERVICE, Runner, _config_args, default_runner

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV
+from ..base.exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV, EXIT_WARMUP
 from .layout import InstallError, SERVICE, Layout
 from .locks import CPU_UNWANTED, UNWANTED, LockTarget
 
@@ -398,6 +398,34 @@ def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = 
     _step(run([gs, "flashinfer", "link", *cfg]) == 0,
           f"could not link the FlashInfer modules into {venv} (see above); the previous install is untouched",
           EXIT_FLASHINFER)
+
+
+def warm_up(layout: Layout, venv: Path, *, service_active: bool, run: Runner = default_runner,
+            log: Callable[[str], None] = print, dry_run: bool = False) -> None:
+    """Start each profile's engine once with the new version, so that no later start compiles (warmup.py).
+
+    As the service user, into the service's caches, before the switch: a failure leaves `current`
+    and the running service as they were. Profiles this host cannot run (no checkpoint yet, no GPU)
+    are skipped with the reason, as are profiles with no memory to start beside what runs, and
+    profiles already warm for these versions. While the service runs, its engine holds the memory
+    (a second 120b engine does not fit beside it on a Spark): then the new version's first start
+    is its warm-up, and this says so before the switch.
+    """
+    gs = str(venv / "bin" / "gptoss-spark")
+    cfg = _config_args(layout)
+    if dry_run:
+        log(f"  would start each profile's engine once as {SERVICE} (gptoss-spark warmup --if-cold --if-room)")
+        return
+    if service_active:
+        log("  the service runs; whether this version's caches are warm for each profile:")
+        if run([gs, "warmup", "--check", *cfg]) != 0:
+            log("  the running engine holds the memory, so the new version's first start is its warm-up: it "
+                "compiles what the list above does not have (minutes on a Spark; `gptoss-spark status` shows "
+                "the start's phases)")
+        return
+    _step(run([*AS_SERVICE, gs, "warmup", "--if-cold", "--if-room", *cfg]) == 0,
+          "the warm-up failed (the line above says which profile and why); the previous install is untouched",
+          EXIT_WARMUP)
 
 
 def prepare_assets(layout: Layout, venv: Path, *, cpu: bool, run: Runner = default_runner,

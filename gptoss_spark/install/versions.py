@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import dropins, placement
-from ..exit_codes import EXIT_NO_PREVIOUS, EXIT_VENV
+from ..base.exit_codes import EXIT_NO_PREVIOUS, EXIT_VENV
+from ..base.fsutil import read_json, write_atomic
 from .layout import UNIT_NAME, InstallError, Layout
 from .placement import Placed
 from .venvs import _atomic_symlink, is_complete, prune, read_link_id
@@ -45,15 +46,13 @@ def _sha(data: bytes) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except (OSError, ValueError):
         return {}
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 # ---------------------------------------------------------------- served

@@ -18,8 +18,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
-from ..exit_codes import EXIT_TOOLKIT
+from ..base.errors import UserError
+from ..base.exit_codes import EXIT_TOOLKIT
 from .variants import MODEL_SHAPES, MoeShape, token_counts
 
 

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from ..service.config import load_settings, resolve_config_path
-from ..service.defaults import CONFIG_HELP
+from ..base.defaults import CONFIG_HELP
 
 DEFAULT_ARCH = "12.1a"
 

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..errors import UserError
+from ..base.errors import UserError
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 

@@ -12,7 +12,7 @@ def interpreting() -> bool:
 
 def require_cuda(what: str) -> None:
     """One line instead of a traceback where a command needs a CUDA GPU and torch cannot see one."""
-    from ..errors import RequirementError
+    from ..base.errors import RequirementError
     try:
         import torch
     except ImportError:

@@ -81,8 +81,9 @@ def install() -> None:
         raise PluginError(f"{ENV_VAR}=triton on vLLM's CPU platform runs the kernels only under Triton's "
                           f"interpreter: set TRITON_INTERPRET=1 (tests), or unset {ENV_VAR}")
 
+    from ..engine_hooks.vllm_logging import log_through_vllm
     from . import ops  # noqa: F401 - registers torch.ops.gptoss_spark.*
-    _log_through_vllm()
+    log_through_vllm()
 
     method = mxfp4.GptOssMxfp4MoEMethod
     if getattr(method, "_gptoss_spark_patched", False):
@@ -133,23 +134,6 @@ def install() -> None:
 
 log = logging.getLogger(__name__)
 _REPACK_LOGGED: list[bool] = []  # one line per process, not per layer
-
-
-class _ToVllmLogger(logging.Handler):
-    """Hands a record to the "vllm" logger's handlers as they are at that moment (vLLM may configure
-    its logging after the plugin loads)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger("vllm").handle(record)
-
-
-def _log_through_vllm() -> None:
-    """This package's INFO records go where vLLM's own go (the engine log, the journal)."""
-    ours = logging.getLogger("gptoss_spark")
-    if not any(isinstance(h, _ToVllmLogger) for h in ours.handlers):
-        ours.addHandler(_ToVllmLogger())
-    ours.setLevel(logging.INFO)
-    ours.propagate = False
 
 
 EXPERT_PARAMS = ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias")

@@ -13,8 +13,7 @@ import errno
 import socket
 
 from .config import Settings
-from ..errors import ConfigError
-from ..install.dropins import is_loopback  # the installer's own (stdlib-only), so both agree
+from ..base.errors import ConfigError
 
 
 def _where(settings: Settings) -> str:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..admin.auth import TokenUnavailable, read_token
+from ..base.token import TokenUnavailable, read_token
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -170,7 +170,7 @@ def worker_fault(view: dict[str, Any] | str, generation: str | None, *, loading:
 async def check_peer(settings: "Settings", timeout: float = 5.0) -> str:
     """`gptoss-spark check` on a cluster node: the other node's supervisor answers in the other role and
     runs the same venv. Returns one line to print; raises RequirementError for a peer that cannot pair."""
-    from ..errors import RequirementError
+    from ..base.errors import RequirementError
 
     assert settings.cluster is not None
     other = "worker" if settings.cluster.role == "head" else "head"

@@ -1,7 +1,7 @@
 """Service settings: the settings file (defaults.DEFAULT_CONFIG_PATH) -> validated, typed objects.
 
 One source of truth for ports, paths, timeouts and policies (the default addresses and the
-settings path are defaults.py's, which the stdlib-only installer reads too). Profiles (what the
+settings path are base/defaults.py's, which the stdlib-only installer reads too). Profiles (what the
 engine runs) live in profiles.py; this module only says where to find them.
 Every error a user can cause ends in a ConfigError naming file, key and fix.
 """
@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 
-from ..errors import ConfigError
-from .defaults import ADMIN_PORT, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK
+from ..base.errors import ConfigError
+from ..base.defaults import ADMIN_PORT, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK
+from ..base.net import is_loopback
 
 
 class _Section(BaseModel):
@@ -166,8 +167,6 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _network_needs_a_key(self) -> "Settings":
         # Beyond loopback anyone on the network could use the engine: not without a key.
-        from .api_access import is_loopback
-
         if not is_loopback(self.engine.host) and self.engine.api_key_file is None:
             raise ValueError(f"engine.host {self.engine.host!r} serves the network, so engine.api_key_file is "
                              "required: set it to /etc/gptoss-spark/api.key (the installer makes it)")
@@ -176,8 +175,6 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _cluster_reachable(self) -> "Settings":
         # The supervisors talk over the admin API: on loopback the peer could not reach it.
-        from .api_access import is_loopback
-
         c = self.cluster
         if c is not None and is_loopback(self.admin.host):
             raise ValueError(f"[cluster] is set but admin.host is {self.admin.host!r}, which the peer cannot "
@@ -194,7 +191,14 @@ class Settings(_Section):
         host = f"[{c.peer}]" if c.peer.version == 6 else str(c.peer)
         return f"http://{host}:{c.peer_admin_port or self.admin.port}"
 
-    # Caches live under the state dir so a restart (and a reboot) compiles nothing.
+    # Caches live under the state dir so a restart (and a reboot) compiles nothing. Each variable is
+    # one its reader takes as given (tests/unit/test_cache_env.py finds the reader in the installed
+    # source): vLLM's compile cache and FlashInfer autotune results (VLLM_CACHE_ROOT), FlashInfer's JIT
+    # modules, Triton's kernels and autotune results (vLLM keeps a TRITON_CACHE_DIR it was given),
+    # humming's kernels (humming-kernels, in the Spark venv), outlines' grammars (XDG_CACHE_HOME), and
+    # the CuTe-DSL quantizer (ours: engine_hooks/cute_dsl_cache.py). Not set, because nothing would
+    # read it: TORCHINDUCTOR_CACHE_DIR (vLLM points Inductor into VLLM_CACHE_ROOT itself, at every
+    # compile) and CUTE_DSL_CACHE_DIR (cute.compile never consults the DSL's file cache).
     @property
     def cache_dir(self) -> Path:
         return self.paths.state_dir / "cache"
@@ -206,11 +210,8 @@ class Settings(_Section):
             "FLASHINFER_WORKSPACE_BASE": str(c / "flashinfer"),
             "TRITON_CACHE_DIR": str(c / "triton"),
             "HUMMING_CACHE_DIR": str(c / "humming"),
-            "TORCHINDUCTOR_CACHE_DIR": str(c / "inductor"),
-            # The CuTe DSL (FlashInfer's MXFP8 activation quantizer) keeps compiled kernels in a file
-            # cache whose default is under TMPDIR, which is per engine and removed after each stop.
-            "CUTE_DSL_CACHE_DIR": str(c / "cute-dsl"),
             "XDG_CACHE_HOME": str(c / "xdg"),
+            "GPTOSS_SPARK_CUTE_DSL_CACHE": str(c / "cute-dsl"),
         }
 
     @property

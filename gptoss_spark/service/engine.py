@@ -23,11 +23,12 @@ import structlog
 from .api_access import read_api_key
 from .config import Settings
 from .exit_reason import describe_exit
-from ..flashinfer_jit import cache as fi_cache
+from . import flashinfer_cache as fi_cache
 from .headless import JOIN_RE, LAUNCHER
 from .logs import ENGINE_LOGGER, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
+from .startup import CacheCensus, StartupRecord
 
 log = structlog.get_logger("gptoss_spark.service.engine")
 engine_log = structlog.get_logger(ENGINE_LOGGER)
@@ -102,9 +103,11 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
     env.update({
         "TMPDIR": str(tmpdir),
         "PYTHONUNBUFFERED": "1",
-        # A host service phones nobody home.
+        # A host service phones nobody home, and a start never waits on the network: the checkpoint
+        # is local (HF_HUB_OFFLINE makes huggingface_hub answer from disk or fail at once).
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
     })
     if settings.model.tiktoken_dir is not None:
         env["TIKTOKEN_ENCODINGS_BASE"] = str(settings.model.tiktoken_dir)
@@ -118,7 +121,7 @@ def build_env(settings: Settings, profile: Profile, tmpdir: Path, base: dict[str
 
 
 def flashinfer_env(settings: Settings, profile: Profile, environ: dict[str, str]) -> dict[str, str]:
-    """CUDA_HOME, ninja on PATH, the keyed FlashInfer workspace and a bounded MAX_JOBS (flashinfer_jit/cache.py).
+    """CUDA_HOME, ninja on PATH, the keyed FlashInfer workspace and a bounded MAX_JOBS (flashinfer_cache.py).
 
     The key is the supervisor's own venv's FlashInfer (the engine runs from the same
     venv); without FlashInfer (the CPU build) the workspace stays cache_env()'s.
@@ -180,6 +183,11 @@ class EngineProcess:
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         # Set when vLLM logs that this rank joined the engine's distributed groups (headless.py).
         self.joined_at: float | None = None
+        # Where this start's time goes and what it compiled (startup.py); the supervisor adds the
+        # milestones only it sees and the cache entries the start added.
+        self.startup = StartupRecord(profile.name)
+        self.census = CacheCensus(self.cache_dirs(settings))
+        self.census_before: dict[str, set[str]] = {}
         self._pump: asyncio.Task[None] | None = None
         # Set by stop(): what the engine logs from then on is the shutdown we asked for (its
         # EngineDeadError traceback, nanobind's leak report), not an error of the service.
@@ -207,6 +215,7 @@ class EngineProcess:
         self.tmpdir = Path(tempfile.mkdtemp(prefix="gptoss-spark-engine-", dir=run_dir))
         for d in self.settings.cache_env().values():
             Path(d).mkdir(parents=True, exist_ok=True)
+        self.census_before = await asyncio.to_thread(self.census.snapshot)
         argv = self._argv or build_argv(self.settings, self.profile)
         env = self._env if self._env is not None else build_env(self.settings, self.profile, self.tmpdir)
         env = {**env, "TMPDIR": str(self.tmpdir)}
@@ -216,6 +225,7 @@ class EngineProcess:
             start_new_session=True,  # own session + process group: the unit of stop
         )
         self.started_at = time.monotonic()
+        self.startup = StartupRecord(self.profile.name, spawned_at=self.started_at)
         self._pump = asyncio.create_task(self._pass_output(), name=f"engine-output-{self.proc.pid}")
         log.info("engine spawned", pid=self.proc.pid, profile=self.profile.name, argv=" ".join(argv))
 
@@ -232,11 +242,24 @@ class EngineProcess:
                 if self.joined_at is None and JOIN_RE.search(line):
                     self.joined_at = time.monotonic()
                 self.tail.append(line)
+                self.startup.feed(line)
                 level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
                 shown = level
                 if self.stop_requested and level in ("error", "critical"):
                     shown = "info"  # the engine's complaint about the stop we asked for
                 getattr(engine_log, shown)(line, pid=pid, profile=self.profile.name)
+
+    @staticmethod
+    def cache_dirs(settings: Settings) -> dict[str, Path]:
+        env = settings.cache_env()
+        return {"triton": Path(env["TRITON_CACHE_DIR"]), "vllm": Path(env["VLLM_CACHE_ROOT"]),
+                "flashinfer": Path(env["FLASHINFER_WORKSPACE_BASE"]),
+                "cute-dsl": Path(env["GPTOSS_SPARK_CUTE_DSL_CACHE"])}
+
+    async def count_cache_additions(self) -> None:
+        """Once ready: which kernel caches this start added to (it compiled what they now hold)."""
+        after = await asyncio.to_thread(self.census.snapshot)
+        self.startup.cache_added = CacheCensus.added(self.census_before, after)
 
     async def exited(self) -> int:
         """Return once the main process has exited, its output perhaps not yet all read.

@@ -2,6 +2,8 @@
 
     description = "one line shown by the admin API"
     memory_gib = 85                       # expected peak use; the memory guard checks it
+    cuda_graph_sizes = "auto"             # or batch sizes; written as --cudagraph-capture-sizes
+    speculation_max_batch = 16            # with --speculative-config: K = 0 above 16 requests a step
     [engine]
     args = ["--max-num-seqs", "32"]       # vLLM arguments, beyond the ones we own
     env = { VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8 = "1" }
@@ -10,8 +12,10 @@
     gpu = true                            # needs an NVIDIA GPU (the Spark profiles)
     cluster = true                        # runs across the two nodes of [cluster] (docs/CLUSTER.md)
 
+The last two are service/batch_shape.py's (docs/CONFIGURATION.md).
+
 A profile may extend another (`extends = "plain"`): it then starts from that
-profile's args, env, memory_gib, required paths and gpu requirement. Its own args replace the
+profile's args, env, memory_gib, required paths, gpu requirement and the two above. Its own args replace the
 base's option of the same flag (in the base's place) or are added after them,
 `engine.remove_args` drops base options by flag, its env is merged over the
 base's, its paths are added. Each fact is then written once (fast = plain +
@@ -26,15 +30,19 @@ Any other {lowercase_word} is an error (a typo); JSON braces are left alone.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import batch_shape
 from .config import Settings, read_toml, validation_to_config_error
-from ..errors import ConfigError, RequirementError
+from ..base.errors import ConfigError, RequirementError
 
 PROFILE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 # A token that starts an option (--flag, --flag=value, -x); "-1" is a value.
@@ -112,7 +120,17 @@ class _ProfileFile(BaseModel):
     extends: str | None = Field(None, pattern=PROFILE_NAME_RE.pattern)
     description: str = Field(..., min_length=1, max_length=200)
     memory_gib: float | None = Field(None, ge=0)  # None: the base's, or 0 without a base
+    # Decode-step shape (service/batch_shape.py); None: the base's, or "auto" / no limit without a base.
+    cuda_graph_sizes: Literal["auto"] | list[int] | None = None
+    speculation_max_batch: int | None = Field(None, ge=1)
     engine: _ProfileEngine = _ProfileEngine()
+
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _sizes(cls, sizes):
+        if isinstance(sizes, list) and (not sizes or min(sizes) < 1 or sizes != sorted(set(sizes))):
+            raise ValueError("list batch sizes >= 1 in ascending order, each once, or write \"auto\"")
+        return sizes
     requires: _ProfileRequires = _ProfileRequires()
 
 
@@ -128,6 +146,8 @@ class Profile:
     needs_gpu: bool = False
     needs_cluster: bool = False
     extends: str | None = None  # the base profile's name, for information (already applied)
+    cuda_graph_sizes: str | tuple[int, ...] = "auto"
+    speculation_max_batch: int | None = None
 
     def _fill(self, text: str, settings: Settings, key: str) -> str:
         values = {"model_dir": str(settings.model.dir), "eagle3_dir": str(settings.model.eagle3_dir),
@@ -143,7 +163,13 @@ class Profile:
         return _PLACEHOLDER_RE.sub(sub, text)
 
     def engine_args(self, settings: Settings) -> list[str]:
-        return [self._fill(a, settings, "engine.args") for a in self.args]
+        """The profile's vLLM arguments as the engine gets them: placeholders filled, then the dynamic
+        speculation schedule and the CUDA-graph capture sizes written in (service/batch_shape.py)."""
+        args = [self._fill(a, settings, "engine.args") for a in self.args]
+        if self.speculation_max_batch is not None:
+            args = batch_shape.with_dynamic_speculation(args, self.speculation_max_batch)
+        sizes = self.cuda_graph_sizes if isinstance(self.cuda_graph_sizes, str) else list(self.cuda_graph_sizes)
+        return batch_shape.with_capture_sizes(args, sizes, self.speculation_max_batch)
 
     def engine_env(self, settings: Settings) -> dict[str, str]:
         return {k: self._fill(v, settings, f"engine.env.{k}") for k, v in self.env.items()}
@@ -207,9 +233,34 @@ def _read_profile_file(path: Path) -> _ProfileSource:
 
 def _own_profile(src: _ProfileSource) -> Profile:
     pf = src.spec
-    return Profile(name=src.name, source=src.path, description=pf.description, memory_gib=pf.memory_gib or 0.0,
-                   args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths),
-                   needs_gpu=bool(pf.requires.gpu), needs_cluster=bool(pf.requires.cluster))
+    return _checked(src, Profile(
+        name=src.name, source=src.path, description=pf.description, memory_gib=pf.memory_gib or 0.0,
+        args=tuple(pf.engine.args), env=dict(pf.engine.env), required_paths=tuple(pf.requires.paths),
+        needs_gpu=bool(pf.requires.gpu), needs_cluster=bool(pf.requires.cluster),
+        cuda_graph_sizes=_sizes(pf.cuda_graph_sizes) or "auto", speculation_max_batch=pf.speculation_max_batch))
+
+
+def _sizes(sizes: str | list[int] | None) -> str | tuple[int, ...] | None:
+    return tuple(sizes) if isinstance(sizes, list) else sizes
+
+
+def _checked(src: _ProfileSource, profile: Profile) -> Profile:
+    """A dynamic speculation limit needs the speculation and the slot count it divides."""
+    if profile.speculation_max_batch is not None:
+        for flag in ("--speculative-config", "--max-num-seqs"):
+            if batch_shape.option_value(profile.args, flag) is None:
+                raise ConfigError(src.path, "speculation_max_batch", f"is set but the engine args have no {flag}",
+                                  f"add {flag} to engine.args (or to the base profile) or remove speculation_max_batch")
+        try:
+            spec = json.loads(batch_shape.option_value(profile.args, "--speculative-config") or "")
+            ok = isinstance(spec, dict) and int(spec.get("num_speculative_tokens", 0)) > 0
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise ConfigError(src.path, "speculation_max_batch",
+                              "needs --speculative-config to be JSON with num_speculative_tokens >= 1",
+                              "fix --speculative-config or remove speculation_max_batch")
+    return profile
 
 
 def load_profile_file(path: Path) -> Profile:
@@ -301,12 +352,16 @@ def _extend(src: _ProfileSource, base: Profile) -> Profile:
         args += opt
     args += [a for o in own_opts if _flag(o) not in placed for a in o]
     paths = tuple(dict.fromkeys((*base.required_paths, *pf.requires.paths)))
-    return Profile(name=src.name, source=src.path, description=pf.description,
-                   memory_gib=base.memory_gib if pf.memory_gib is None else pf.memory_gib,
-                   args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths,
-                   needs_gpu=base.needs_gpu if pf.requires.gpu is None else pf.requires.gpu,
-                   needs_cluster=base.needs_cluster if pf.requires.cluster is None else pf.requires.cluster,
-                   extends=base.name)
+    return _checked(src, Profile(
+        name=src.name, source=src.path, description=pf.description,
+        memory_gib=base.memory_gib if pf.memory_gib is None else pf.memory_gib,
+        args=tuple(args), env={**base.env, **pf.engine.env}, required_paths=paths,
+        needs_gpu=base.needs_gpu if pf.requires.gpu is None else pf.requires.gpu,
+        needs_cluster=base.needs_cluster if pf.requires.cluster is None else pf.requires.cluster,
+        extends=base.name,
+        cuda_graph_sizes=_sizes(pf.cuda_graph_sizes) or base.cuda_graph_sizes,
+        speculation_max_batch=base.speculation_max_batch if pf.speculation_max_batch is None
+        else pf.speculation_max_batch))
 
 
 def unknown_profiles(names: Iterable[str], known: Iterable[str]) -> str:

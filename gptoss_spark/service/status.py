@@ -152,6 +152,17 @@ class ClusterStatus:
 
 
 @dataclass(frozen=True)
+class StartStatus:
+    """Engine starts (startup.py): the one under way, the last one whole, and histograms per phase."""
+    current: Mapping[str, Any] | None     # {"phase", "seconds", "phases"} while starting or loading
+    last: Mapping[str, Any] | None        # StartupRecord.to_json() of the last start, ready or not
+    histograms: Mapping[str, Any]         # phase -> (bucket bounds, cumulative counts, sum, count)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"current": self.current, "last": self.last}
+
+
+@dataclass(frozen=True)
 class SupervisorStatus:
     """Everything the supervisor tells the outside, at one instant."""
 
@@ -170,6 +181,7 @@ class SupervisorStatus:
     profiles: Mapping[str, Profile]         # the loaded set
     saved: PersistedState                   # what state.json holds now
     cluster: ClusterStatus | None           # None on a single node
+    start: StartStatus | None = None        # None only in snapshots made by hand (tests)
 
     @property
     def ready(self) -> bool:
@@ -202,6 +214,7 @@ class SupervisorStatus:
             "cluster": self.cluster.to_json() if self.cluster else None,
             "saved": {"active_profile": self.saved.active_profile,
                       "last_good_profile": self.saved.last_good_profile},
+            "start": self.start.to_json() if self.start else None,
         }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from ..fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 
 log = structlog.get_logger("gptoss_spark.service.store")
 
@@ -37,7 +37,7 @@ class StateStore:
 
     def load(self) -> PersistedState:
         try:
-            data = json.loads(self.path.read_text())
+            data = read_json(self.path)
             state = PersistedState(active_profile=data.get("active_profile"),
                                    last_good_profile=data.get("last_good_profile"))
         except FileNotFoundError:

@@ -29,13 +29,14 @@ from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
 from .exit_reason import failure_signature
-from ..errors import ConfigError, RequirementError
-from ..exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
+from ..base.errors import ConfigError, RequirementError
+from ..base.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
+from .startup import StartupHistory
 from .profiles import Profile, load_profiles, unknown_profiles
 from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus, OperationView,
-                     OpStatus, SupervisorStatus, frozen_map)
+                     OpStatus, StartStatus, SupervisorStatus, frozen_map)
 from .store import PersistedState, StateStore
 from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
 from .systemd import Notifier, watchdog_interval
@@ -183,6 +184,9 @@ class Supervisor:
         # A head that is gone for good (powered off, cable out) sends no stop: the worker watches it.
         self.head = cluster.PeerClient(settings, expect="head") if self.role == "worker" else None
         self.generation_error: str | None = None
+        # Every engine start's phases and compiles (startup.py): status, /metrics, the journal.
+        self.starts = StartupHistory()
+        self._load_phase_shown: str | None = None
 
     # ---- views for the admin API and CLI --------------------------------------------------
 
@@ -220,7 +224,17 @@ class Supervisor:
             profiles=frozen_map(self.profiles),
             saved=self.store.current(),
             cluster=self._cluster_status(),
+            start=StartStatus(current=self._start_in_progress(), last=self.starts.last.to_json()
+                              if self.starts.last else None, histograms=self.starts.histograms_view()),
         )
+
+    def _start_in_progress(self) -> dict | None:
+        engine = self.engine
+        if engine is None or self.state not in (State.STARTING, State.LOADING) or engine.started_at is None:
+            return None
+        rec = engine.startup
+        return {"phase": rec.current_phase(), "seconds": round(time.monotonic() - rec.spawned_at, 1),
+                "phases": rec.phases()}
 
     def _node_status(self) -> NodeStatus:
         assert self.role is not None and self.settings.cluster is not None
@@ -524,6 +538,7 @@ class Supervisor:
             self.probe_factory(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
 
         ended = await self._load(engine, probe, name)
+        await self._record_start(engine, name, ready=ended is None)
         if ended is None:
             self.ever_ready = True
             self.engine_ready_since = self.clock()
@@ -677,16 +692,44 @@ class Supervisor:
                     return _Ended(fault)
                 if self.head is not None and (fault := await self._head_fault()):
                     return _Ended(fault)
+                self._report_load_progress(engine, name)
                 if await probe.health(self.settings.timeouts.probe_timeout):
+                    engine.startup.mark("health")
                     last_canary_error = await probe.canary(self.settings.timeouts.canary)
                     if last_canary_error is None and (self.peer is None
                                                       or cluster.worker_joined(self.peer_view, self.generation)):
+                        engine.startup.mark("canary")
                         return None
                     log.warning("canary failed while loading", reason=last_canary_error, profile=name)
                 await self._sleep_or_wake(LOAD_POLL_SECONDS, exit_task)
         finally:
             if not exit_task.done():
                 exit_task.cancel()
+
+    def _report_load_progress(self, engine: EngineProcess, name: str) -> None:
+        """STATUS= names the start's phase while loading (systemctl status shows where it is)."""
+        phase = engine.startup.current_phase()
+        if phase != self._load_phase_shown:
+            self._load_phase_shown = phase
+            self.notifier.status(f"loading: profile {name} ({engine.startup.progress_line()})"[:200])
+
+    async def _record_start(self, engine: EngineProcess, name: str, *, ready: bool) -> None:
+        """One journal event per start: its phases, and what it compiled (a warning if anything)."""
+        self._load_phase_shown = None
+        rec = engine.startup
+        if ready:
+            await engine.count_cache_additions()
+        self.starts.finish(rec)
+        compiled = rec.compiled_anything()
+        fields = {"profile": name, "ready": ready, "seconds": rec.ready_seconds,
+                  "phases": " ".join(f"{p}={v:.1f}" for p, v in rec.phases().items()),
+                  "cache_hits": rec.cache_hits}
+        if ready and compiled:
+            log.warning("engine start compiled kernels: warm the caches with `gptoss-spark warmup` "
+                        f"({'; '.join(compiled)})", **fields)
+        else:
+            log.info("engine start" + ("" if ready else " ended before ready"), **fields,
+                     compiled="; ".join(compiled) or "nothing")
 
     async def _serve(self, engine: EngineProcess, probe: EngineProbe, name: str) -> _Ended:
         t = self.settings.timeouts

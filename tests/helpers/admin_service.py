@@ -16,13 +16,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from gptoss_spark.service.engine import _session_members
+from tests.helpers.demo_settings import demo_settings_toml
 
 TOKEN = "integration-" + "c" * 40
 DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
@@ -57,36 +58,10 @@ class Service:
         self.token_file.chmod(0o640)
         self.state_file = tmp / "state" / "state.json"
         self.config = tmp / "gptoss-spark.toml"
-        self.config.write_text(f"""
-default_profile = "demo"
-[model]
-dir = "{model_dir}"
-tiktoken_dir = "{model_dir}"
-[engine]
-port = {self.engine_port}
-cpu_affinity = [{os.cpu_count() - 1}]
-[admin]
-port = {self.admin_port}
-token_file = "{self.token_file}"
-[paths]
-state_dir = "{tmp}/state"
-profile_dirs = ["{pdir}"]
-[timeouts]
-load = 900
-canary = 60
-drain = 3
-shutdown_grace = 8
-probe_interval = 2
-[restart]
-max_crashes = 3
-backoff_initial = 1
-[wedge]
-canary_interval = 0
-[memory]
-start_floor_gib = 0.5
-danger_available_gib = 0.2
-danger_psi_some_avg10 = 100
-""")
+        self.config.write_text(demo_settings_toml(
+            model_dir=model_dir, state_dir=tmp / "state", profile_dirs=[pdir], token_file=self.token_file,
+            engine_port=self.engine_port, admin_port=self.admin_port,
+            restart={"max_crashes": 3, "backoff_initial": 1}))
         self.log_path = tmp / "serve.log"
         self.admin = httpx.Client(base_url=f"http://127.0.0.1:{self.admin_port}", timeout=30)
         self.auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -100,6 +75,8 @@ danger_psi_some_avg10 = 100
 
     def engine_pids(self) -> list[int]:
         pids = []
+        if not self.log_path.exists():  # serve never started
+            return pids
         for line in self.log_path.read_text().splitlines():
             try:
                 e = json.loads(line)
@@ -140,18 +117,23 @@ danger_psi_some_avg10 = 100
 
 
 @contextmanager
-def running_service(model_dir: Path, profiles: dict[str, str]) -> Iterator[Service]:
-    """A started, ready service; afterwards the serve process and every engine it started are gone."""
+def running_service(model_dir: Path, profiles: dict[str, str],
+                    before_start: Callable[[Service], None] | None = None) -> Iterator[Service]:
+    """A started, ready service; afterwards the serve process and every engine it started are gone.
+
+    before_start: run with the service's settings in place, before `serve` starts (e.g. a warm-up)."""
     # A short path: vLLM's zmq IPC sockets live in the engine's TMPDIR (state_dir/run/engine-*/<uuid>)
     # and an AF_UNIX path may not exceed 107 bytes; pytest's tmp dirs are too deep for that.
     tmp = Path(tempfile.mkdtemp(prefix="gsa-", dir="/tmp"))
     svc = Service(tmp, model_dir, profiles)
-    svc.start()
     try:
+        if before_start is not None:
+            before_start(svc)
+        svc.start()
         svc.wait_ready()
         yield svc
     finally:
-        if svc.proc.poll() is None:
+        if svc.proc is not None and svc.proc.poll() is None:
             svc.proc.kill()
             svc.proc.wait()
         for pid in svc.engine_pids():  # only the engines this service started

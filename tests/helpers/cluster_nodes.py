@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from gptoss_spark.service.engine import _session_members
+from tests.helpers.demo_settings import demo_settings_toml
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "cluster-test-" + "d" * 40
@@ -187,43 +188,13 @@ def write_config(tmp: Path, model_dir: Path, pair: NetnsPair, index: int, profil
     token.write_text(TOKEN + "\n")
     token.chmod(0o640)
     cfg = tmp / "gptoss-spark.toml"
-    cfg.write_text(f"""
-default_profile = "demo-cluster"
-[model]
-dir = "{model_dir}"
-tiktoken_dir = "{model_dir}"
-[engine]
-port = 8100
-cpu_affinity = [{cpu}]
-[admin]
-host = "{pair.addresses[index]}"
-port = 8101
-token_file = "{token}"
-[paths]
-state_dir = "{tmp}/state"
-profile_dirs = ["{profiles}"]
-[timeouts]
-load = 900
-canary = 120
-drain = 30
-shutdown_grace = 8
-probe_interval = 2
-[restart]
-max_crashes = 4
-backoff_initial = 1
-[wedge]
-canary_interval = 0
-[memory]
-start_floor_gib = 0.5
-danger_available_gib = 0.2
-danger_psi_some_avg10 = 100
-[cluster]
-role = "{role}"
-address = "{pair.addresses[index]}"
-peer = "{pair.addresses[1 - index]}"
-interface = "{pair.ifaces[index]}"
-master_port = 29501
-""")
+    cfg.write_text(demo_settings_toml(
+        model_dir=model_dir, state_dir=tmp / "state", profile_dirs=[profiles], token_file=token,
+        engine_port=8100, admin_port=8101, default_profile="demo-cluster", cpu=cpu,
+        admin={"host": pair.addresses[index]},
+        timeouts={"canary": 120, "drain": 30}, restart={"max_crashes": 4, "backoff_initial": 1},
+        cluster={"role": role, "address": pair.addresses[index], "peer": pair.addresses[1 - index],
+                 "interface": pair.ifaces[index], "master_port": 29501}))
     return cfg
 
 

@@ -62,6 +62,16 @@ BAD = [
 ]
 
 
+def test_the_first_start_reports_its_phases(service):
+    # The demo is --enforce-eager: no compile and no graph phase; nothing compiled, nothing to load.
+    status = service.admin.get("/admin/status").json()
+    last = status["start"]["last"]
+    assert last["profile"] == "demo" and last["compiled"] == [] and status["start"]["current"] is None
+    assert list(last["phases"]) == ["process", "weights", "engine", "api", "health", "canary"]
+    assert abs(sum(last["phases"].values()) - last["ready_seconds"]) < 0.01
+    assert 'gptoss_spark_engine_start_phase_seconds_count{phase="weights"}' in service.admin.get("/metrics").text
+
+
 def test_bad_input_changes_nothing_on_the_live_service(service):
     before = service.snapshot()
     assert before[:2] == ("demo", "ready") and before[2] is not None

@@ -20,7 +20,7 @@ import structlog.testing
 from gptoss_spark.service.alerts import Alerter
 from gptoss_spark.service.config import AlertSettings
 from gptoss_spark.service.states import State
-from gptoss_spark.exit_codes import EXIT_GAVE_UP, EXIT_OK
+from gptoss_spark.base.exit_codes import EXIT_GAVE_UP, EXIT_OK
 
 from tests.helpers.supervisor_settings import FakeMemory, free_port, make_settings
 from tests.integration.test_supervisor_faults import Harness, run

@@ -1,6 +1,6 @@
 """`gptoss-spark bench ab` end to end: a real service (`serve`, admin API, vLLM engine on the tiny model).
 
-One `bench ab demo demo-b needs-head` run for the module, through the CLI as a
+One `bench ab demo demo-b needs-head --sweep 1,3` run for the module, through the CLI as a
 user runs it. Three engine starts in all: the service's (demo), the switch to
 demo-b, the switch back to demo. demo is active, so it is measured first
 without a switch; needs-head's requirement is missing, so the service refuses
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 NAMES = ["demo", "demo-b", "needs-head"]
 USERS = 2
+SWEEP = (1, 3)  # 3 users: above demo-b's 2 slots, so its third user queues
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,8 @@ def ab(demo_model_dir):
         r = subprocess.run([sys.executable, "-m", "gptoss_spark.cli", "bench", "ab", *NAMES,
                             "--config", str(svc.config), "--endpoint", "completions", "--ignore-eos",
                             "--max-tokens", "16", "--requests", "2", "--warmup", "1", "--users", str(USERS),
-                            "--no-progress", "--out", str(out)],
+                            "--no-progress", "--out", str(out), "--sweep", ",".join(map(str, SWEEP)),
+                            "--sweep-seconds", "1"],
                            capture_output=True, text=True, timeout=3 * START_TIMEOUT)
         took = time.monotonic() - started
         print(f"\n[tiny CPU model, not a Spark] bench ab took {took:.0f} s (rc {r.returncode})\n"
@@ -116,3 +118,28 @@ def test_the_original_profile_serves_again(ab):
     metrics = svc.admin.get("/metrics").text
     assert 'gptoss_spark_profile_switches_total{outcome="ok"} 2.0' in metrics
     assert 'gptoss_spark_profile_switches_total{outcome="failed"} 0.0' in metrics
+
+
+def test_the_sweep_recommends_a_profile_per_load_range(ab):
+    """--sweep on each measured profile: one CSV row per profile and point, one PNG, per-range lines."""
+    svc, r, res = ab
+    image = pytest.importorskip("matplotlib.image")
+    for name in ("demo", "demo-b"):
+        points = res["runs"][name]["sweep"]["points"]
+        assert [p["concurrency"] for p in points] == list(SWEEP)
+        assert all(p["invalid_requests"] == 0 and p["aggregate_tok_s"] > 0 for p in points), points
+    assert res["runs"]["needs-head"].get("sweep") is None  # its switch was refused
+    ranges = res["recommendation_by_load"]
+    assert [(x["from"], x["to"]) for x in ranges][0][0] == 1 and ranges[-1]["to"] == 3
+    for x in ranges:  # each range's profile is the faster one at each of its points
+        for p in x["points"]:
+            agg = {n: v for n, v in p["aggregate_tok_s"].items() if v is not None}
+            assert set(agg) == {"demo", "demo-b"}
+            assert agg[x["profile"]] >= 0.97 * max(agg.values())
+    lines = r.stdout.splitlines()
+    i = lines.index("recommendation by load (highest aggregate tok/s at each swept concurrency):")
+    assert len([ln for ln in lines[i + 1:] if ln.startswith("  ") and "users" in ln.split(":")[0]]) == len(ranges)
+    rows = (svc.tmp / "ab.csv").read_text().splitlines()
+    assert rows[0].startswith("profile,concurrency,") and len(rows) == 1 + 2 * len(SWEEP)
+    png = svc.tmp / "ab.png"
+    assert png.stat().st_size > 10_000 and image.imread(png).ndim == 3

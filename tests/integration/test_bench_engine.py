@@ -85,6 +85,34 @@ def test_loadtest_users_are_served_concurrently(engine, capsys):
           f"TTFT p50 {s['ttft_s']['p50'] * 1000:.0f} ms, per-user {s['per_user_decode_tok_s']['median']:.1f} tok/s")
 
 
+def test_loadtest_sweep_writes_json_csv_and_a_png(engine, capsys, tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    out = tmp_path / "sweep.json"
+    rc = main(["loadtest", "--url", engine.base_url, "--endpoint", "completions", "--ignore-eos", "--max-tokens", "8",
+               "--sweep", "1,3", "--sweep-seconds", "1", "--warmup", "0", "--no-progress", "--admin-url", DEAD_ADMIN,
+               "--out", str(out)])
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert rc == 0, res["points"]
+    assert res["kind"] == "gptoss-spark.sweep" and res["protocol"]["concurrencies"] == [1, 3]
+    one, three = res["points"]
+    for p, users in ((one, 1), (three, 3)):
+        assert p["concurrency"] == users and p["invalid_requests"] == 0
+        assert p["requests"] >= users  # every user sent at least one, back to back for 1 s
+        assert p["completion_tokens_total"] == 8 * p["requests"]  # ignore_eos: exact
+        assert p["aggregate_tok_s"] == pytest.approx(p["completion_tokens_total"] / p["makespan_s"])
+        assert 0 < p["ttft_p50_s"] <= p["ttft_p95_s"] and p["per_user_tok_s"] > 0
+    assert three["observed_concurrency"] >= 2  # the demo engine has 4 slots: users decode together
+    rows = (tmp_path / "sweep.csv").read_text().splitlines()
+    assert rows[0].split(",")[:3] == ["profile", "concurrency", "requests"] and len(rows) == 3
+    png = tmp_path / "sweep.png"
+    assert png.stat().st_size > 10_000
+    assert image.imread(png).shape[:2] == (500, 1600)  # 16 x 5 in at 100 dpi: it decodes
+    assert "sweep.png" in text and "not a DGX Spark" in text
+    print(f"\n[tiny CPU model, not a Spark] sweep: 1 user {one['aggregate_tok_s']:.1f} tok/s, "
+          f"3 users {three['aggregate_tok_s']:.1f} tok/s")
+
+
 def make_full_vocab_head(path, vocab=201088, hidden=8):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file

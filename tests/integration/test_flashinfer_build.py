@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.flashinfer_jit import cache
+from gptoss_spark.service import flashinfer_cache as cache
 
 pytestmark = pytest.mark.jit
 

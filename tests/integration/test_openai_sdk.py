@@ -249,7 +249,7 @@ def test_supervisor_probes_work_with_the_key(engine):
 
 def test_bench_target_sends_the_key(engine):
     from gptoss_spark.bench.target import resolve_target
-    from gptoss_spark.errors import UserError
+    from gptoss_spark.base.errors import UserError
 
     target = resolve_target(engine.base_url, None, api_key=engine.api_key)
     assert target.model == engine.model and target.headers == {"Authorization": f"Bearer {engine.api_key}"}

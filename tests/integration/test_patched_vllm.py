@@ -194,3 +194,43 @@ def test_patched_vllm_serves_the_demo_model(patched_site, demo_model_dir):
     # The engine compiled the patched files of this tree, not the installed ones.
     assert compiled_here("vllm/model_executor/models", "gpt_oss"), "the engine did not import the patched gpt_oss.py"
     assert compiled_here("vllm/model_executor/layers/quantization", "base_config")
+
+
+LL_BF16_SCRIPT = textwrap.dedent(r"""
+    import json, torch
+    from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+    from vllm.model_executor.warmup import kernel_warmup
+
+    def gate(out_features, in_features, eligible):
+        g = GateLinear.__new__(GateLinear)  # GateLinear's checks need a GPU; only what the warmup reads is set
+        torch.nn.Module.__init__(g)
+        g.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=torch.bfloat16))
+        g.allow_ll_bf16_gemm = eligible
+        return g
+
+    # gpt-oss-120b's router (a bias, so never ll_bf16) beside a bias-free Hopper router that runs it.
+    model = torch.nn.ModuleList([gate(128, 2880, False), gate(256, 7168, True)])
+    print("RESULT " + json.dumps({"file": kernel_warmup.__file__,
+                                  "shapes": kernel_warmup._ll_bf16_router_shapes_from_model(model)}))
+""")
+
+
+def _ll_bf16_shapes(site: Path | None) -> dict:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    proc = subprocess.run(["taskset", "-c", "1", sys.executable, "-c", LL_BF16_SCRIPT], capture_output=True,
+                          text=True, timeout=300, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_ll_bf16_warmup_skips_gates_that_never_run_it(patched_site):
+    # Patch 03: vLLM 0.32.0 compiles the CuTe-DSL ll_bf16 router GEMM at every start for every bf16
+    # GateLinear, gpt-oss's included, although a gate with a bias never calls it.
+    patched = _ll_bf16_shapes(patched_site)
+    assert patched["file"].startswith(str(patched_site))
+    assert patched["shapes"] == [[7168, 256]]
+    unpatched = _ll_bf16_shapes(None)
+    assert unpatched["shapes"] == [[2880, 128], [7168, 256]]  # what the patch removes: gpt-oss's (2880, 128)

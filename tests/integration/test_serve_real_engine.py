@@ -24,6 +24,7 @@ import pytest
 
 from gptoss_spark.service.engine import _session_members
 from gptoss_spark.service.probes import parse_prometheus_sums
+from tests.helpers.demo_settings import demo_settings_toml
 from tests.helpers.notify_socket import NotifySocket
 
 pytestmark = pytest.mark.integration
@@ -65,33 +66,10 @@ class Service:
         self.engine_port, self.admin_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.engine_port}"
         self.config = tmp / "gptoss-spark.toml"
-        self.config.write_text(f"""
-default_profile = "demo"
-[model]
-dir = "{model_dir}"
-tiktoken_dir = "{model_dir}"
-[engine]
-port = {self.engine_port}
-cpu_affinity = [{os.cpu_count() - 1}]
-[admin]
-port = {self.admin_port}
-token_file = "{tmp}/admin.token"
-[paths]
-state_dir = "{tmp}/state"
-profile_dirs = ["{REPO}/etc/profiles-cpu"]
-[timeouts]
-load = 600
-canary = 60
-drain = {DRAIN}
-shutdown_grace = {GRACE}
-probe_interval = 2
-[wedge]
-canary_interval = 0
-[memory]
-start_floor_gib = 1
-danger_available_gib = 0.2
-danger_psi_some_avg10 = 100
-""")
+        self.config.write_text(demo_settings_toml(
+            model_dir=model_dir, state_dir=tmp / "state", profile_dirs=[REPO / "etc" / "profiles-cpu"],
+            token_file=tmp / "admin.token", engine_port=self.engine_port, admin_port=self.admin_port,
+            timeouts={"load": 600, "drain": DRAIN, "shutdown_grace": GRACE}, memory={"start_floor_gib": 1}))
         self.notify = NotifySocket(tmp / "notify.sock")
         self.log_path = tmp / "serve.log"
         self.proc: subprocess.Popen | None = None

@@ -17,7 +17,7 @@ import pytest
 
 from gptoss_spark.service.config import Settings
 from gptoss_spark.service.engine import EngineProcess, _session_members
-from gptoss_spark.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT
+from gptoss_spark.base.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT
 from gptoss_spark.service.supervisor import OpStatus, Supervisor
 from gptoss_spark.service.states import State
 from gptoss_spark.service.systemd import Notifier

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from gptoss_spark.service.states import State
-from gptoss_spark.exit_codes import EXIT_OK
+from gptoss_spark.base.exit_codes import EXIT_OK
 from gptoss_spark.service.supervisor import OpStatus
 from tests.helpers.supervisor_settings import make_settings
 from tests.integration.test_supervisor_faults import Harness, run

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from gptoss_spark.admin import create_app
-from gptoss_spark.admin.auth import authorize, read_token, TokenUnavailable
+from gptoss_spark.admin.auth import authorize
+from gptoss_spark.base.token import TokenUnavailable, read_token
 from gptoss_spark.service.config import Settings
 from gptoss_spark.service.memory import GIB, MemoryReading
 from gptoss_spark.service.store import PersistedState

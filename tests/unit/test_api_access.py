@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.service.api_access import check_engine_address, is_loopback, read_api_key
-from gptoss_spark.bench.commands import api_key_for
+from gptoss_spark.base.net import is_loopback
+from gptoss_spark.service.api_access import check_engine_address, read_api_key
+from gptoss_spark.bench.target import api_key_for
 from gptoss_spark.service.config import Settings, load_settings
-from gptoss_spark.errors import ConfigError
+from gptoss_spark.base.errors import ConfigError
 from gptoss_spark.install import placement
 from gptoss_spark.install.layout import Layout
 

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from gptoss_spark import cli
-from gptoss_spark.admin_cli import Client, read_token_for_cli
+from gptoss_spark.admin.client import Client, read_token_for_cli
 from gptoss_spark.bench.ab import NOISE, Service, ab_result, measuring_order, recommend, run_ab
 from gptoss_spark.bench.render import render_ab
 from gptoss_spark.service.config import load_settings
@@ -290,9 +290,9 @@ def test_an_operation_status_this_version_does_not_know_is_no_success():
 
 
 def test_bench_ab_refuses_a_service_in_a_state_this_version_does_not_know(capsys, monkeypatch, tmp_path):
-    from gptoss_spark import admin_cli
+    from gptoss_spark.admin import client as admin_client
 
-    monkeypatch.setattr(admin_cli.Client, "json", lambda self, method, path, **kw: (
+    monkeypatch.setattr(admin_client.Client, "json", lambda self, method, path, **kw: (
         200, {"active": "demo", "state": "hibernating", "profiles": [{"name": "demo"}, {"name": "demo-b"}]}))
     rc, err = run_cli(capsys, "demo", "demo-b", "--config", str(tmp_path / "absent.toml"))
     assert rc == 1 and "the service answered state 'hibernating'" in err

@@ -1,7 +1,7 @@
 import pytest
 
 from gptoss_spark.bench.prompts import load_prompts
-from gptoss_spark.errors import UserError
+from gptoss_spark.base.errors import UserError
 
 
 def test_shipped_prompts_cover_the_required_mix():

@@ -11,9 +11,9 @@ from gptoss_spark.bench.render import render_bench, render_compare, render_loadt
 from gptoss_spark.bench.request import RequestRecord, RequestSpec
 from gptoss_spark.bench.single import bench_result
 from gptoss_spark.bench.target import Target
-from gptoss_spark.exit_codes import EXIT_UNAVAILABLE
+from gptoss_spark.base.exit_codes import EXIT_UNAVAILABLE
 from gptoss_spark.cli import main
-from gptoss_spark.errors import UserError
+from gptoss_spark.base.errors import UserError
 
 TARGET = Target(base_url="http://127.0.0.1:8100", model="gptoss", served_models=("gptoss",), max_model_len=1024,
                 server_version="0.32.0")

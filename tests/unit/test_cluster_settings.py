@@ -10,7 +10,7 @@ import pytest
 from gptoss_spark.service import cluster
 from gptoss_spark.service.config import Settings, load_settings
 from gptoss_spark.service.engine import build_argv, build_env
-from gptoss_spark.errors import ConfigError, RequirementError
+from gptoss_spark.base.errors import ConfigError, RequirementError
 from gptoss_spark.service.headless import JOIN_RE, LAUNCHER
 from gptoss_spark.service.profiles import load_profiles
 

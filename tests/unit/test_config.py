@@ -8,7 +8,7 @@ import pytest
 
 from gptoss_spark.service.config import load_settings
 from gptoss_spark.service import profiles as profiles_mod
-from gptoss_spark.errors import ConfigError, RequirementError
+from gptoss_spark.base.errors import ConfigError, RequirementError
 from gptoss_spark.service.profiles import get_profile, load_profile_file, load_profiles
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_valid_settings_and_defaults(setup):
     assert s.source == cfg
     env = s.cache_env()
     assert env["TRITON_CACHE_DIR"] == f"{tmp}/state/cache/triton"
-    assert env["CUTE_DSL_CACHE_DIR"] == f"{tmp}/state/cache/cute-dsl"  # not the per-engine TMPDIR
+    assert env["GPTOSS_SPARK_CUTE_DSL_CACHE"] == f"{tmp}/state/cache/cute-dsl"  # not the per-engine TMPDIR
     assert env["VLLM_CACHE_ROOT"].startswith(f"{tmp}/state/cache")
 
 
@@ -205,7 +205,7 @@ def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path, monkeypatch):
     write(tmp_path / "config.json", "{}")
     s = load_settings(cfg)
     profiles = load_profiles(s)
-    assert set(profiles) == {"plain", "spec", "fast", "cluster", "demo", "demo-cluster"}
+    assert set(profiles) == {"plain", "spec", "fast", "throughput", "auto", "cluster", "demo", "demo-cluster"}
     assert "--max-num-seqs" in profiles["plain"].args
     assert profiles["plain"].args[profiles["plain"].args.index("--max-num-seqs") + 1] == "32"
     spec_args = profiles["spec"].engine_args(s)

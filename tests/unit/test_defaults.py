@@ -1,4 +1,4 @@
-"""The default ports and the settings path are written once, in service/defaults.py.
+"""The default ports and the settings path are written once, in base/defaults.py.
 
 config.py's pydantic defaults, the installer (stdlib only), the bench's --url and
 --admin-url, every --config help and the shipped etc/gptoss-spark.toml must all say
@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark import cli
-from gptoss_spark.admin_cli import admin_url, local_url
+from gptoss_spark.admin.client import admin_url
+from gptoss_spark.base.net import local_url
 from gptoss_spark.install import placement
 from gptoss_spark.install.layout import Layout
-from gptoss_spark.service import defaults
+from gptoss_spark.base import defaults
 from gptoss_spark.service.config import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "gptoss_spark"
-SOURCE = PACKAGE / "service" / "defaults.py"
+SOURCE = PACKAGE / "base" / "defaults.py"
 PORT = re.compile(r"(?<![\w.])(?:%d|%d)(?![\w.])" % (defaults.ENGINE_PORT, defaults.ADMIN_PORT))
 CONFIG_PATH = str(defaults.DEFAULT_CONFIG_PATH)
 # Left on purpose, each with its reason; the test fails when one is fixed, so the entry goes too.
@@ -48,7 +49,7 @@ def test_no_default_port_or_settings_path_outside_defaults_py():
     modules = sorted(p for p in PACKAGE.rglob("*.py") if p != SOURCE)
     assert len(modules) > 100  # the whole package, not an empty glob
     found = set().union(*(repeated_facts(p) for p in modules))
-    assert found == KNOWN, ("write these as gptoss_spark/service/defaults.py's constants: "
+    assert found == KNOWN, ("write these as gptoss_spark/base/defaults.py's constants: "
                             f"{sorted(found - KNOWN)}; fixed, drop from KNOWN: {sorted(KNOWN - found)}")
 
 

@@ -14,7 +14,7 @@ import pytest
 from gptoss_spark.install import demo_model as dm
 from gptoss_spark.install import tiktoken_file as tf
 from gptoss_spark.cli import build_parser
-from gptoss_spark.errors import UserError
+from gptoss_spark.base.errors import UserError
 
 HARMONY_IDS = {
     "<|startoftext|>": 199998,

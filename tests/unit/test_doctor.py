@@ -108,3 +108,23 @@ def test_host_off_loopback_without_the_lan_dropin_fails(tmp_path):
     assert f.level == FAIL and "engine.host 0.0.0.0" in f.detail and "install.sh" in f.detail
     dropin.write_text("[Service]\nIPAddressAllow=192.168.1.0/24\n")
     assert check_lan_dropin(lan, dropin).level == OK
+
+
+def test_warm_line_names_the_profiles_whose_next_start_compiles(tmp_path):
+    from gptoss_spark.service.profiles import load_profiles
+    from gptoss_spark.service.startup import StartupRecord
+    from gptoss_spark.warmup import write_marker
+
+    s = settings(tmp_path)
+    f = by_check(run_checks(s, Path(sys.prefix)))
+    assert f["warm"].level == "warn" and "plain (never warmed)" in f["warm"].detail
+    assert "gptoss-spark warmup --if-cold" in f["warm"].detail
+    rec = StartupRecord("plain", spawned_at=0.0)
+    rec.mark("canary", now=5.0)
+    write_marker(s, load_profiles(s)["plain"], rec)
+    f = by_check(run_checks(s, Path(sys.prefix)))
+    assert f["warm"].level == OK and "plain: a start compiles nothing" in f["warm"].detail
+    # The profile's engine arguments change: what was compiled no longer fits.
+    (tmp_path / "p" / "plain.toml").write_text('description = "d"\n[engine]\nargs = ["--max-num-seqs", "8"]\n')
+    f = by_check(run_checks(s, Path(sys.prefix)))
+    assert f["warm"].level == "warn" and "plain (warmed under other versions)" in f["warm"].detail

@@ -18,7 +18,7 @@ from gptoss_spark.cli import main  # noqa: E402
 from gptoss_spark.draft.counts import TokenCounts, load_counts, save_counts  # noqa: E402
 from gptoss_spark.draft.shrink import REPORT_NAME, WEIGHTS_NAME, select_kept, shrink_head  # noqa: E402
 from gptoss_spark.draft.verify import verify_head  # noqa: E402
-from gptoss_spark.errors import UserError  # noqa: E402
+from gptoss_spark.base.errors import UserError  # noqa: E402
 
 V, H = 64, 8  # target vocab, hidden
 AUX_LAYERS = [1, 3, 5]  # of a target with TARGET_LAYERS layers

@@ -1,14 +1,14 @@
-"""One exit-code table: gptoss_spark/exit_codes.py. Everything that states a code agrees with it."""
+"""One exit-code table: gptoss_spark/base/exit_codes.py. Everything that states a code agrees with it."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from gptoss_spark import exit_codes
-from gptoss_spark.admin_cli import ApiError, ServiceDown, TokenUnreadable
+from gptoss_spark.base import exit_codes
+from gptoss_spark.admin.client import ApiError, ServiceDown, TokenUnreadable
 from gptoss_spark.bench.target import ServerUnreachable
-from gptoss_spark.errors import RequirementError, UserError
+from gptoss_spark.base.errors import RequirementError, UserError
 from gptoss_spark.install import patching
 from gptoss_spark.kernels.aot import ToolchainError
 

@@ -16,11 +16,11 @@ from gptoss_spark.service.config import Settings
 from gptoss_spark.doctor import OK, WARN, check_flashinfer
 from gptoss_spark.service.engine import build_env
 from gptoss_spark.flashinfer_jit import build as fb
-from gptoss_spark.flashinfer_jit import cache
+from gptoss_spark.service import flashinfer_cache as cache
 from gptoss_spark.flashinfer_jit.modules import (FP4_QUANT_120F, FP4_QUANT_121, FUSED_MOE, SAMPLING, derive,
                                                  flag_value)
 from gptoss_spark.install import venvs
-from gptoss_spark.exit_codes import EXIT_FLASHINFER
+from gptoss_spark.base.exit_codes import EXIT_FLASHINFER
 from gptoss_spark.install.layout import InstallError, Layout
 from gptoss_spark.service.profiles import load_profile_file
 

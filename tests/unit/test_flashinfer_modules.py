@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.flashinfer_jit import cache, modules
+from gptoss_spark.flashinfer_jit import modules
+from gptoss_spark.service import flashinfer_cache as cache
 from gptoss_spark.flashinfer_jit.build import aot_dir
 
 REPO = Path(__file__).resolve().parents[2]

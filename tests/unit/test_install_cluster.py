@@ -18,7 +18,7 @@ from gptoss_spark.install import cluster, peer, placement
 from gptoss_spark.install.__main__ import main
 from gptoss_spark.install.checks import Check
 from gptoss_spark.install.cluster import Cluster, RoleFlags
-from gptoss_spark.exit_codes import EXIT_LAN, EXIT_PEER
+from gptoss_spark.base.exit_codes import EXIT_LAN, EXIT_PEER
 from gptoss_spark.install.layout import InstallError, Layout
 
 REPO = Path(__file__).resolve().parents[2]

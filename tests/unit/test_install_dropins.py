@@ -11,7 +11,7 @@ import pytest
 
 from gptoss_spark.install import dropins
 from gptoss_spark.install.cli import cmd_unit
-from gptoss_spark.exit_codes import EXIT_LAN
+from gptoss_spark.base.exit_codes import EXIT_LAN
 from gptoss_spark.install.layout import InstallError, Layout
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark import exit_codes as codes
+from gptoss_spark.base import exit_codes as codes
 from gptoss_spark.install.layout import Layout
 from gptoss_spark.install.preflight import Probes, parse_gpus, run_preflight
 from gptoss_spark.install.toolkit import REQUIRED_HEADERS, REQUIRED_LIBS, parse_nvcc_release

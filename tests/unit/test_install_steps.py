@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.install import locks, placement, uninstall, validate, venvs, versions, why
-from gptoss_spark import exit_codes as codes
+from gptoss_spark.base import exit_codes as codes
 from gptoss_spark.install.layout import InstallError, Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -628,17 +628,24 @@ def test_why_is_the_give_up_reason_not_the_usage_text():
         "gptoss-spark serve: error: unrecognized arguments: --new"
 
 
-def test_install_package_is_stdlib_only():
-    """install.sh runs it with the system interpreter before any venv exists."""
-    code = ("import sys; import gptoss_spark.install.cli, gptoss_spark.install.__main__; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'structlog', 'fastapi', 'httpx')]; "
-            "sys.exit(1 if bad else 0)")
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+def test_install_package_and_the_floor_are_stdlib_only():
+    """install.sh runs them with the system interpreter before any venv exists: without site-packages
+    (-S) they import, and nothing outside the standard library and gptoss_spark is loaded."""
+    floor = sorted(f"gptoss_spark.base.{p.stem}" for p in (REPO / "gptoss_spark" / "base").glob("*.py"))
+    assert len(floor) >= 6, floor
+    code = ("import sys; import gptoss_spark.install.cli, gptoss_spark.install.__main__, " + ", ".join(floor) + "; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
+            "and m.split('.')[0] not in ('gptoss_spark', '__main__')); print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_registered_in_main_cli():
     from gptoss_spark import cli
-    assert "gptoss_spark.install" in cli.COMMAND_MODULES
+    from gptoss_spark.install import cli as install_cli
+    assert install_cli in cli.COMMAND_MODULES
+    args = cli.build_parser().parse_args(["install", "summary"])
+    assert args.install_step == "summary"
 
 
 # ---------------------------------------------------------------- the command on PATH

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.cli import main
-from gptoss_spark.exit_codes import EXIT_TOOLKIT
+from gptoss_spark.base.exit_codes import EXIT_TOOLKIT
 from gptoss_spark.kernels import vllm_plugin
 
 REPO = Path(__file__).resolve().parents[2]

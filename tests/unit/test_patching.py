@@ -65,7 +65,7 @@ def test_series_pins_the_installed_vllm_files():
 def test_apply_verify_and_apply_again_is_a_no_op(venv, capsys):
     assert main(["patches", "verify", "--venv", str(venv)]) == patching.NotPatchedError.exit_code
     assert main(["patches", "apply", "--venv", str(venv)]) == 0
-    assert "applied 2 patches to 3 files" in capsys.readouterr().out
+    assert "applied 3 patches to 4 files" in capsys.readouterr().out
     for rel, h in SERIES["files"].items():
         assert patching.sha256_file(site_of(venv) / rel) == h["after"]
     manifest = json.loads((venv / patching.MANIFEST_NAME).read_text())
@@ -129,20 +129,20 @@ def test_bad_venv_input_is_one_line_with_a_fix(tmp_path, capsys, setup, expect):
 
 def test_a_write_failure_rolls_back_every_file(venv, monkeypatch, capsys):
     before = snapshot(venv)
-    real = patching._write_atomic
+    real = patching.write_atomic
     calls = []
 
-    def failing(path, data, mode):
+    def failing(path, data, mode, **kw):
         calls.append(path)
         if len(calls) == 3:  # the first two files are written, then the third fails
             raise OSError(28, "No space left on device", str(path))
-        real(path, data, mode)
+        real(path, data, mode, **kw)
 
-    monkeypatch.setattr(patching, "_write_atomic", failing)
+    monkeypatch.setattr(patching, "write_atomic", failing)
     assert main(["patches", "apply", "--venv", str(venv)]) == patching.ApplyFailedError.exit_code
     err = capsys.readouterr().err
     assert "No space left on device" in err and "every file written was restored" in err
-    monkeypatch.setattr(patching, "_write_atomic", real)
+    monkeypatch.setattr(patching, "write_atomic", real)
     assert snapshot(venv) == before  # contents restored, the new file removed, no manifest
 
 

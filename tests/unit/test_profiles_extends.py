@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.service.config import load_settings
-from gptoss_spark.errors import ConfigError
+from gptoss_spark.base.errors import ConfigError
 from gptoss_spark.service.profiles import load_profile_file, load_profiles
 
 REPO = Path(__file__).resolve().parents[2]

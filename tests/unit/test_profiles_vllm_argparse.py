@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRY = "vllm.entrypoints.openai.api_server"
 PROFILE_FILES = sorted(REPO.glob("etc/profiles*/*.toml"))
 GPU_PROFILE_FILES = sorted(REPO.glob("etc/profiles/*.toml"))
-SPARK_PROFILES = {"plain", "spec", "fast"}
+SPARK_PROFILES = {"plain", "spec", "fast", "throughput", "auto"}
 # Backends that serve gpt-oss's attention sinks on sm_12x with nothing downloaded and no
 # FlashInfer module: vLLM 0.32.0's FLASHINFER does sinks there only through XQA cubins it
 # deems available only when NVIDIA's artifactory answers at start (docs/CONFIGURATION.md).
@@ -281,3 +281,37 @@ def test_gpu_profiles_pin_an_attention_backend_that_needs_no_network(path, confi
     assert cls.supports_sink() and cls.supports_sliding_window()  # gpt-oss: sinks, alternating windows
     assert cls.supports_compute_capability(DeviceCapability(12, 1))
     assert cls.supports_kv_cache_dtype(vc.cache_config.cache_dtype)  # the profile's fp8 KV cache
+
+
+def test_throughput_resolves_256_slots_on_plains_configuration(configs):
+    _, plain = configs(REPO / "etc" / "profiles" / "plain.toml")
+    args, vc = configs(REPO / "etc" / "profiles" / "throughput.toml")
+    assert vc.scheduler_config.max_num_seqs == 256 and vc.scheduler_config.max_num_batched_tokens == 8192
+    assert vc.cache_config.gpu_memory_utilization == 0.80 and vc.cache_config.cache_dtype == "fp8"
+    assert vc.speculative_config is None
+    assert vc.model_config.quantization_config.linear == plain.model_config.quantization_config.linear
+    # Capture sizes as tokens (no speculation: one per request): every batch to 16, then < 20 % padding, to 512.
+    sizes = parse(args).cudagraph_capture_sizes
+    assert sizes[:16] == list(range(1, 17)) and sizes[-1] == 512 and len(sizes) == 36
+
+
+def test_auto_hands_vllm_its_dynamic_speculation_schedule(configs):
+    args, vc = configs(REPO / "etc" / "profiles" / "auto.toml")
+    sc = vc.speculative_config
+    assert (sc.method, sc.num_speculative_tokens) == ("eagle3", 1)
+    assert sc.uses_dynamic_speculative_decoding()
+    assert [list(r) for r in sc.num_speculative_tokens_per_batch_size] == [[1, 16, 1], [17, 32, 0]]
+    assert vc.scheduler_config.max_num_seqs == 32
+    # vLLM's own dense lookup, as its scheduler builds it (v1/core/sched/scheduler.py)
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    lookup = build_dynamic_sd_schedule_lookup(sc.num_speculative_tokens_per_batch_size, 32, 1)
+    assert lookup[1:17] == [1] * 16 and lookup[17:] == [0] * 16
+    # Verifying steps of up to 16 requests are 2 tokens each: their token counts are captured too.
+    sizes = parse(args).cudagraph_capture_sizes
+    assert {2 * b for b in range(1, 17)} <= set(sizes) and set(range(1, 17)) <= set(sizes)
+
+
+def test_spec_captures_its_two_slots_as_verifying_steps(configs):
+    args, _ = configs(REPO / "etc" / "profiles" / "spec.toml")
+    assert parse(args).cudagraph_capture_sizes == [1, 2, 3, 4, 6, 8]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gptoss_spark import admin_cli
+from gptoss_spark.admin import client as admin_client
 from gptoss_spark.admin import create_app
 from gptoss_spark.admin.metrics import make_registry, render
 from gptoss_spark.service.memory import MemoryGuard
@@ -134,11 +135,11 @@ def test_operation_json_round_trips_and_unknown_values_are_one_line_errors(sup):
 
 
 def test_the_cli_parses_states_and_operations_with_the_enums():
-    assert admin_cli.state_of({"state": "backoff"}) == State.BACKOFF
-    with pytest.raises(admin_cli.ApiError, match="state 'sleeping'"):
-        admin_cli.state_of({"state": "sleeping"})
-    with pytest.raises(admin_cli.ApiError, match="without 'status'"):
-        admin_cli.operation_of({"id": "0" * 12, "kind": "switch"})
+    assert admin_client.state_of({"state": "backoff"}) == State.BACKOFF
+    with pytest.raises(admin_client.ApiError, match="state 'sleeping'"):
+        admin_client.state_of({"state": "sleeping"})
+    with pytest.raises(admin_client.ApiError, match="without 'status'"):
+        admin_client.operation_of({"id": "0" * 12, "kind": "switch"})
     running = {"id": "0" * 12, "kind": "restart", "target": "demo", "status": "running"}
     out = admin_cli.render_profiles({"active": "demo", "state": "ready", "profiles": [], "operation": running})
     assert out.endswith("in progress: restart -> demo (running)")

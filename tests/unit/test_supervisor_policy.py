@@ -12,9 +12,10 @@ import asyncio
 import itertools
 from pathlib import Path
 
+from gptoss_spark.service.startup import StartupRecord
 from gptoss_spark.service.probes import EngineMetrics
 from gptoss_spark.service.states import State
-from gptoss_spark.exit_codes import EXIT_GAVE_UP, EXIT_OK
+from gptoss_spark.base.exit_codes import EXIT_GAVE_UP, EXIT_OK
 from gptoss_spark.service.supervisor import OpStatus, Supervisor
 from tests.helpers.supervisor_settings import FakeMemory, make_settings
 
@@ -43,6 +44,11 @@ class ScriptedEngine:
         self._exit: asyncio.Future[int] | None = None
         self._born = 0.0
         self._timers: list[asyncio.TimerHandle] = []
+        self.started_at: float | None = None
+        self.startup = StartupRecord(profile.name)  # what the supervisor reads of a start (startup.py)
+
+    async def count_cache_additions(self) -> None:
+        pass  # no kernel caches behind a scripted engine
 
     @property
     def base_url(self) -> str:
@@ -51,6 +57,7 @@ class ScriptedEngine:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.pid, self._exit, self._born = next(PIDS), loop.create_future(), loop.time()
+        self.started_at = self._born
         peers = [e for e in ScriptedEngine.started if e.profile.name == self.profile.name]
         ScriptedEngine.started.append(self)
         first = not peers

@@ -1,10 +1,13 @@
-"""Atomic file writes: a crash or power cut leaves the old file or the new one, never half of one."""
+"""Files: the one atomic writer (a crash or power cut leaves the old file or the new one, never half of
+one) and the one JSON file reader."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync_dir: bool = True) -> None:
@@ -33,3 +36,12 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync_dir: bool =
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON document in path, read as UTF-8 (as JSON files are, whatever the locale says).
+
+    Raises what reading and parsing raise: OSError, or ValueError (UnicodeDecodeError and
+    json.JSONDecodeError are both ValueErrors); each caller says what a bad file means to it.
+    """
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -16,16 +16,16 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
-from ..exit_codes import EXIT_INTERRUPTED
-from ..service.defaults import CONFIG_HELP
+from ..base.errors import ConfigError, UserError
+from ..base.exit_codes import EXIT_INTERRUPTED
+from ..base.defaults import CONFIG_HELP
 from . import run
 from .compare import compare, load_result
 from .prompts import shipped_prompts_path
-from .render import render_ab, render_arena, render_bench, render_compare, render_loadtest
+from .render import render_ab, render_arena, render_bench, render_compare, render_loadtest, render_sweep
 from .request import ENDPOINTS
 from .snapshot import DEFAULT_ADMIN_URL
-from .target import DEFAULT_BASE_URL, resolve_target
+from .target import DEFAULT_BASE_URL, api_key_for, resolve_target
 
 BENCH_USAGE = """gptoss-spark bench [options]                      single stream (the seed's protocol)
        gptoss-spark bench compare A.json B.json [--json]  two results side by side
@@ -103,6 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab.add_argument("--requests", type=_int_at_least(1), default=4, help="single-stream measured requests (default 4)")
     ab.add_argument("--users", type=_int_at_least(1), default=30, help="concurrent users of the load test (default 30)")
     ab.add_argument("--requests-per-user", type=_int_at_least(1), default=1, help="(default 1)")
+    _add_sweep(ab, "also run the sweep on each profile and recommend a profile per load range; ")
     ab.set_defaults(func=cmd_ab)
     _register_arena(bench_sub)
 
@@ -111,7 +112,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(load, max_tokens=512)
     load.add_argument("--users", type=_int_at_least(1), default=30, help="concurrent users (default 30, as the seed)")
     load.add_argument("--requests-per-user", type=_int_at_least(1), default=1, help="(default 1)")
+    _add_sweep(load, "instead of --users: ")
     load.set_defaults(func=cmd_loadtest)
+
+
+def _add_sweep(p: argparse.ArgumentParser, what: str) -> None:
+    from .sweep import DEFAULT_SECONDS, parse_concurrencies
+
+    def concurrencies(text: str) -> list[int]:
+        try:
+            return parse_concurrencies(text)
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p.add_argument("--sweep", type=concurrencies, metavar="C1,C2,...",
+                   help=what + "the load test at each concurrency in turn (e.g. 1,2,5,10,32,64,128,256), "
+                        "writing JSON, CSV and a PNG named after --out (docs/BENCHMARK.md)")
+    p.add_argument("--sweep-seconds", type=float, default=DEFAULT_SECONDS,
+                   help=f"how long each concurrency sends new requests; those in flight then finish "
+                        f"(default {DEFAULT_SECONDS:g})")
 
 
 def _write_out(result: dict, path: Path | None) -> None:
@@ -127,34 +146,6 @@ def _emit(result: dict, args, human: str) -> None:
     print(json.dumps(result, indent=2) if args.json else human, end="\n" if args.json else "")
 
 
-def api_key_for(args, url: str, settings=None) -> str | None:
-    """The key to send to url: --api-key-file's, else the settings' key if url is the settings' engine.
-
-    Never the service's key to another server: --url elsewhere needs --api-key-file.
-    """
-    from ..admin_cli import local_url
-    from ..service.api_access import read_api_key
-    from ..service.config import load_settings, resolve_config_path
-
-    if args.api_key_file is not None:
-        try:
-            key = args.api_key_file.read_text().strip()
-        except OSError as e:
-            raise UserError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}; "
-                            "pass a readable file (root or the gptoss-spark group for the service's)") from None
-        if not key:
-            raise UserError(f"--api-key-file {args.api_key_file} is empty; pass the file with the key")
-        return key
-    if settings is None:
-        try:
-            settings = load_settings(resolve_config_path(getattr(args, "config", None)), must_exist=False)
-        except ConfigError:
-            return None  # no usable settings, so no key of theirs; a 401 then says --api-key-file
-    if url.rstrip("/") != local_url(settings.engine.host, settings.engine.port):
-        return None
-    return read_api_key(settings)
-
-
 def cmd_bench(args) -> int:
     prompts, source = run.prompts_for(args)
     target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
@@ -163,9 +154,29 @@ def cmd_bench(args) -> int:
     return 0 if result["summary"]["invalid_requests"] == 0 else 1
 
 
+def write_sweep_files(sweeps: dict[str, dict], out: Path) -> tuple[Path, Path]:
+    """CSV and PNG beside the JSON at `out`; returns their paths."""
+    from .sweep_plot import draw_png, plot_title, sibling_paths, write_csv
+
+    _, csv_path, png_path = sibling_paths(out)
+    write_csv(sweeps, csv_path)
+    draw_png(sweeps, png_path, plot_title(sweeps))
+    return csv_path, png_path
+
+
 def cmd_loadtest(args) -> int:
     prompts, source = run.prompts_for(args)
     target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
+    if args.sweep:
+        from .sweep_plot import sibling_paths
+
+        json_path = sibling_paths(args.out or Path("sweep.json"))[0]
+        result = run.sweep(args, prompts, source, target)
+        _write_out(result, json_path)
+        csv_path, png_path = write_sweep_files({"served": result}, json_path)
+        print(json.dumps(result, indent=2) if args.json else render_sweep(result, json_path, csv_path, png_path),
+              end="\n" if args.json else "")
+        return 0 if result["invalid_requests"] == 0 else 1
     result = run.load(args, prompts, source, target)
     _emit(result, args, render_loadtest(result))
     return 0 if result["summary"]["invalid_requests"] == 0 else 1
@@ -186,7 +197,8 @@ def _say(text: str) -> None:
 
 
 def cmd_ab(args) -> int:
-    from ..admin_cli import Client, admin_url, local_url, read_token_for_cli, state_of, switch_limit
+    from ..admin.client import Client, admin_url, read_token_for_cli, state_of, switch_limit
+    from ..base.net import local_url
     from ..service.states import State
     from ..service.config import load_settings, resolve_config_path
     from .ab import Service, ab_result, check_profile_names, run_ab, served_profile_problem
@@ -213,6 +225,9 @@ def cmd_ab(args) -> int:
         _say(f"{name}: {args.users} users")
         result["load"] = run.load(args, prompts, source, target)
         result["error"] = served_profile_problem(name, result)
+        if args.sweep:
+            _say(f"{name}: sweep over {','.join(map(str, args.sweep))} users, {args.sweep_seconds:g} s each")
+            result["sweep"] = run.sweep(args, prompts, source, target)
 
     started = datetime.now(timezone.utc)
     _say(f"active profile {original}; measuring {', '.join(names)} (baseline {names[0]})")
@@ -221,13 +236,22 @@ def cmd_ab(args) -> int:
                      "reasoning_effort": None if args.reasoning_effort == "none" else args.reasoning_effort,
                      "ignore_eos": args.ignore_eos, "prompts": source, "warmup": args.warmup,
                      "requests": args.requests, "users": args.users, "requests_per_user": args.requests_per_user,
-                     "timeout": args.timeout}
+                     "timeout": args.timeout, "sweep": args.sweep, "sweep_seconds": args.sweep_seconds}
     result = ab_result(names, original, outcome, settings_used, started)
+    if args.sweep:
+        from .sweep import recommend_by_range
+        from .sweep_plot import sibling_paths
+
+        sweeps = {n: result["runs"][n].get("sweep") for n in names}
+        result["recommendation_by_load"] = recommend_by_range(sweeps)
+        args.out = sibling_paths(args.out or Path("bench-ab.json"))[0]
+        result["files"] = dict(zip(("csv", "png"), map(str, write_sweep_files(sweeps, args.out))))
     _emit(result, args, render_ab(result))
     if result["interrupted"]:
         return EXIT_INTERRUPTED
     complete = all(r["switch"] and r["switch"]["ok"] and r["error"] is None and r["single"] and r["load"]
                    and r["single"]["summary"]["invalid_requests"] == 0 and r["load"]["summary"]["invalid_requests"] == 0
+                   and (not args.sweep or (r.get("sweep") and r["sweep"]["invalid_requests"] == 0))
                    for r in result["runs"].values())
     return 0 if complete and result["restored"]["ok"] else 1
 

@@ -38,6 +38,7 @@ EXIT_LAN = 28              # engine.host/admin.host/--address is not an address 
 EXIT_ARGS = 29             # the new version's vLLM rejects an installed profile's engine arguments (nothing changed)
 EXIT_NOT_SERVING = 30      # the service does not serve: nothing to switch back to, or that did not start either
 EXIT_PEER = 31             # the cluster's other node is not paired with this install (answers, role, venv, token)
+EXIT_WARMUP = 32           # the warm-up: a profile's engine did not get ready or answer (nothing switched)
 
 # ---- gptoss-spark patches, 40-46 (install.sh turns any of them into EXIT_PATCHES)
 EXIT_PATCH_INPUT = 40      # the venv, its vLLM or the patch directory is missing or wrong

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..bench.prompts import load_prompts, shipped_prompts_path
 from ..bench.render import Progress
-from ..bench.target import DEFAULT_BASE_URL, resolve_target
+from ..bench.target import DEFAULT_BASE_URL, api_key_for, resolve_target
 from .counts import gather_counts, load_counts, save_counts
 
 SEED_KEEP = 32768  # the seed's cut (docs/HARDWARE.md, the seed)
@@ -76,7 +76,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _gather(args):
     prompts = load_prompts(args.prompts)
-    from ..bench.commands import api_key_for
     target = resolve_target(args.url, args.model, api_key=api_key_for(args, args.url))
     progress = Progress()
     try:

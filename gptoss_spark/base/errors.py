@@ -1,6 +1,11 @@
 """Errors a user can cause. Each renders as one line: what is wrong and how to fix it."""
 
-from .exit_codes import EXIT_REQUIREMENT, EXIT_USAGE
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from .exit_codes import EXIT_INTERRUPTED, EXIT_REQUIREMENT, EXIT_USAGE
 
 
 class UserError(Exception):
@@ -25,3 +30,15 @@ class RequirementError(UserError):
     """A profile's declared requirement is not met on this host (e.g. the Eagle3 head is missing)."""
 
     exit_code = EXIT_REQUIREMENT
+
+
+def run_command(func: Callable[[Any], int | None], args: Any, prog: str) -> int:
+    """Run a parsed command: its exit code; a UserError as one line on stderr (`PROG: error: ...`)
+    and its own code, never a traceback; Ctrl-C as 130. Every entry point runs commands through it."""
+    try:
+        return int(func(args) or 0)
+    except UserError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

@@ -1,0 +1,144 @@
+"""Cold start, warm start and reload of the CPU demo, side by side in one run, with each start's phases.
+
+    .venv/bin/python benchmarks/start_time/cold_warm_reload.py --out benchmarks/start_time/results_cpu_demo.json
+
+For each profile (the shipped `demo`, --enforce-eager, and `demo-compiled`, the same without it, so
+torch.compile runs and has something to cache), with empty caches:
+  cold    `gptoss-spark serve` started, time until /admin/health is 200 (the supervisor's process too)
+  warm    serve stopped (SIGTERM) and started again: same caches, now warm
+  reload  POST /admin/restart (what `systemctl reload` does), time until the operation succeeded
+Each row also carries the supervisor's own breakdown of that start (/admin/status start.last).
+The engine is pinned to one core (engine.cpu_affinity) as in the tests. A 2-core x86 box, not a Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gptoss_spark.install.demo_model import make_demo_model  # noqa: E402
+
+DEMO = REPO / "etc" / "profiles-cpu" / "demo.toml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(tmp: Path, model: Path, profile: str) -> tuple[Path, int, str]:
+    pdir = tmp / "profiles"
+    pdir.mkdir()
+    text = DEMO.read_text()
+    (pdir / "demo.toml").write_text(text)
+    (pdir / "demo-compiled.toml").write_text(text.replace('  "--enforce-eager",\n', ""))
+    token = "bench-" + "t" * 40
+    (tmp / "admin.token").write_text(token + "\n")
+    admin = free_port()
+    cfg = tmp / "gs.toml"
+    cfg.write_text(f'default_profile = "{profile}"\n[model]\ndir = "{model}"\ntiktoken_dir = "{model}"\n'
+                   f'[engine]\nport = {free_port()}\ncpu_affinity = [{os.cpu_count() - 1}]\n'
+                   f'[admin]\nport = {admin}\ntoken_file = "{tmp / "admin.token"}"\n'
+                   f'[paths]\nstate_dir = "{tmp / "state"}"\nprofile_dirs = ["{pdir}"]\n'
+                   f'[timeouts]\nload = 1800\ndrain = 3\nshutdown_grace = 8\n[wedge]\ncanary_interval = 0\n'
+                   f'[memory]\nstart_floor_gib = 0.5\ndanger_available_gib = 0.2\ndanger_psi_some_avg10 = 100\n')
+    return cfg, admin, token
+
+
+class Serve:
+    def __init__(self, cfg: Path, admin: int, token: str, log: Path):
+        self.cfg, self.token, self.log = cfg, token, log
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{admin}", timeout=30)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "serve", "--config", str(self.cfg)],
+                                     stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.wait_ready()
+        return time.monotonic() - t0
+
+    def wait_ready(self, timeout: float = 1800) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"serve exited {self.proc.returncode}; see {self.log}")
+            try:
+                if self.client.get("/admin/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"not ready in {timeout} s; see {self.log}")
+
+    def reload(self) -> float:
+        t0 = time.monotonic()
+        op = self.client.post("/admin/restart", headers={"Authorization": f"Bearer {self.token}"}).json()
+        while op["status"] in ("pending", "running"):
+            time.sleep(0.2)
+            op = self.client.get(op["poll"]).json()
+        if op["status"] != "succeeded":
+            raise SystemExit(f"reload failed: {op}")
+        return time.monotonic() - t0
+
+    def last_start(self) -> dict:
+        return self.client.get("/admin/status").json()["start"]["last"]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)
+
+
+def run_profile(model: Path, profile: str) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gsb-", dir="/tmp") as d:
+        tmp = Path(d)
+        cfg, admin, token = write_config(tmp, model, profile)
+        serve = Serve(cfg, admin, token, tmp / "serve.log")
+        for what in ("cold", "warm"):
+            took = serve.start()
+            rows.append({"profile": profile, "what": what, "seconds": round(took, 1), **serve.last_start()})
+            if what == "cold":
+                serve.stop()
+        took = serve.reload()
+        rows.append({"profile": profile, "what": "reload", "seconds": round(took, 1), **serve.last_start()})
+        serve.stop()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--profiles", default="demo,demo-compiled")
+    a = ap.parse_args()
+    model = make_demo_model(REPO / ".test-artifacts" / "demo-model-bench", seed=0)
+    rows = [r for p in a.profiles.split(",") for r in run_profile(model, p)]
+    doc = {"host": f"{os.cpu_count()}-core {os.uname().machine}, not a Spark", "rows": rows,
+           "command": "benchmarks/start_time/cold_warm_reload.py"}
+    if a.out:
+        a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{'profile':<15}{'start':<8}{'seconds':>8}{'ready':>7}  phases / compiled")
+    for r in rows:
+        phases = " ".join(f"{k}={v:.1f}" for k, v in r["phases"].items())
+        print(f"{r['profile']:<15}{r['what']:<8}{r['seconds']:>8}{r['ready_seconds']:>7}  {phases}; "
+              f"compiled: {'; '.join(r['compiled']) or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The sweep's pieces without an engine: the --sweep list, the per-range recommendation, the CSV and PNG files.
+
+The engine runs are in tests/integration/test_bench_engine.py (loadtest --sweep) and
+test_bench_ab_engine.py (bench ab --sweep).
+"""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from gptoss_spark.bench.sweep import parse_concurrencies, recommend_by_range, render_ranges
+from gptoss_spark.bench.sweep_plot import draw_png, sibling_paths, write_csv
+from gptoss_spark.errors import UserError
+
+
+def sweep(points: dict[int, tuple[float, float]], invalid_at: tuple[int, ...] = ()) -> dict:
+    """points: concurrency -> (aggregate tok/s, TTFT p95 s)."""
+    return {"points": [{"concurrency": c, "aggregate_tok_s": agg, "per_user_tok_s": agg / c, "ttft_p50_s": p95 / 2,
+                        "ttft_p95_s": p95, "requests": c, "valid_requests": c - (c in invalid_at),
+                        "invalid_requests": int(c in invalid_at), "completion_tokens_total": 100,
+                        "makespan_s": 1.0, "observed_concurrency": c} for c, (agg, p95) in points.items()],
+            "host": {"hostname": "box", "is_dgx_spark": False}, "protocol": {"endpoint": "completions"}}
+
+
+def test_concurrency_lists():
+    assert parse_concurrencies("1,2,5,10,32,64,128,256") == [1, 2, 5, 10, 32, 64, 128, 256]
+    for bad, says in (("1,x", "whole numbers"), ("0,2", "1 to 1024"), ("4,2", "ascending"), ("2,2", "once"),
+                      ("", "1 to 1024")):
+        with pytest.raises(UserError, match=says):
+            parse_concurrencies(bad)
+
+
+def test_one_profile_per_load_range_from_three():
+    # The shape the profiles are built for (made-up numbers, not measurements): spec leads alone,
+    # auto in the middle, throughput at the top; at 10 auto and plain tie and the lower TTFT p95 wins.
+    ranges = recommend_by_range({
+        "spec": sweep({1: (69, 0.2), 2: (120, 0.3), 10: (150, 1.0), 64: (160, 9.0)}),
+        "auto": sweep({1: (66, 0.2), 2: (110, 0.3), 10: (300, 0.8), 64: (300, 3.0)}),
+        "throughput": sweep({1: (60, 0.2), 2: (100, 0.3), 10: (295, 0.9), 64: (600, 2.0)}, invalid_at=(2,)),
+    })
+    assert [(r["from"], r["to"], r["profile"]) for r in ranges] == [(1, 2, "spec"), (10, 10, "auto"),
+                                                                      (64, 64, "throughput")]
+    assert "within 3%" in ranges[1]["points"][0]["why"]
+    assert "throughput" not in ranges[0]["points"][1]["why"]  # invalid requests at 2: not a candidate
+    text = render_ranges(ranges)
+    assert text[0].startswith("  1-2 users: spec") and text[2].startswith("  64 users: throughput")
+
+
+def test_no_valid_profile_at_a_point_says_so():
+    ranges = recommend_by_range({"a": sweep({1: (10, 1)}, invalid_at=(1,)), "b": None})
+    assert ranges[0]["profile"] is None and "no profile served" in ranges[0]["points"][0]["why"]
+
+
+def test_csv_and_png_beside_the_json(tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    sweeps = {"plain": sweep({1: (60, 0.2), 8: (150, 0.5)}), "auto": sweep({1: (68, 0.2), 8: (140, 0.6)})}
+    json_path, csv_path, png_path = sibling_paths(tmp_path / "run.json")
+    assert (json_path.name, csv_path.name, png_path.name) == ("run.json", "run.csv", "run.png")
+    write_csv(sweeps, csv_path)
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [(r["profile"], r["concurrency"]) for r in rows] == [("plain", "1"), ("plain", "8"), ("auto", "1"),
+                                                               ("auto", "8")]
+    assert float(rows[3]["aggregate_tok_s"]) == 140
+    draw_png(sweeps, png_path, "test")
+    pixels = image.imread(png_path)
+    assert pixels.shape[0] >= 400 and pixels.shape[1] >= 1200  # 16 x 5 in at 100 dpi
+    assert png_path.stat().st_size > 10_000
+
+
+def test_an_unwritable_path_is_one_line(tmp_path):
+    with pytest.raises(UserError, match="cannot write"):
+        write_csv({"a": sweep({1: (1, 1)})}, tmp_path / "no" / "such" / "x.csv")
