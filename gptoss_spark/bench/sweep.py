@@ -17,7 +17,7 @@ import asyncio
 import time
 from datetime import datetime, timezone
 
-from ..errors import UserError
+from ..base.errors import UserError
 from . import speculation
 from .prompts import Prompt
 from .request import RequestRecord, RequestSpec, send_streamed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 
 CSV_FIELDS = ("profile", "concurrency", "requests", "valid_requests", "invalid_requests", "completion_tokens_total",
               "makespan_s", "aggregate_tok_s", "per_user_tok_s", "ttft_p50_s", "ttft_p95_s", "observed_concurrency")
