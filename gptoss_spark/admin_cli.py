@@ -20,8 +20,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .admin.client import (Client, ServiceDown, operation_of, read_token_for_cli, state_of, switch_limit,
-                           wait_operation)
+from .admin.client import (POLL_SECONDS, Client, ServiceDown, operation_of, read_token_for_cli, state_of,
+                           switch_limit, wait_operation)
 from .base.defaults import CONFIG_HELP
 from .service.config import Settings, load_settings, resolve_config_path
 from .service.states import State
