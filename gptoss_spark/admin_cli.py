@@ -183,6 +183,45 @@ def _duration(seconds: float | None) -> str:
     return "".join(parts)
 
 
+def _gib(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**30:.1f} GiB"
+
+
+def telemetry_rows(tel: dict | None) -> list[tuple[str, str]]:
+    """`gpu` (one row per device, or why there is none) and `engine mem` rows from /admin/status's telemetry."""
+    if not tel:
+        return [("gpu", "no sample yet")]
+    gpu = tel.get("gpu") or {}
+    rows = []
+    if not gpu.get("available"):
+        rows.append(("gpu", gpu.get("reason") or "unavailable"))
+    for d in gpu.get("devices") or []:
+        bits = []
+        if d.get("temperature_c") is not None:
+            bits.append(f"{d['temperature_c']:g} C")
+        if d.get("sm_clock_mhz") is not None:
+            bits.append(f"SM {d['sm_clock_mhz']:g} MHz"
+                        + (f" of {d['max_sm_clock_mhz']:g}" if d.get("max_sm_clock_mhz") else ""))
+        if d.get("power_watts") is not None:
+            limit = d.get("power_limit_watts")
+            bits.append(f"{d['power_watts']:.0f} W" + (f" of {limit:.0f} W" if limit else ""))
+        if d.get("utilization_percent") is not None:
+            bits.append(f"util {d['utilization_percent']:g}%")
+        slow = [r for r in d.get("throttle") or [] if r != "idle"]
+        if slow:
+            bits.append("throttle: " + ", ".join(slow))
+        rows.append((f"gpu {d['index']}", ", ".join(bits) or "no figures"))
+    episodes = tel.get("throttle_episodes") or []
+    if episodes:
+        rows.append(("throttling", ", ".join(f"{e['kind']} (gpu {e['gpu']})" for e in episodes)))
+    mem = tel.get("memory") or {}
+    engine = tel.get("engine") or {}
+    rate = engine.get("tokens_per_second")
+    rows.append(("engine mem", f"unit cgroup {_gib(mem.get('cgroup_bytes'))}, engine RSS {_gib(mem.get('engine_rss_bytes'))}"
+                 + (f", {rate:.1f} tokens/s" if rate is not None else "")))
+    return rows
+
+
 def render_status(snap: dict) -> str:
     saved = snap.get("saved") or {}
     mem = snap.get("memory")
@@ -206,6 +245,7 @@ def render_status(snap: dict) -> str:
         rows.append(("memory", f"{mem['available_gib']:.1f} of {mem['total_gib']:.1f} GiB available"
                                + (f", PSI some avg10 {psi:.1f}%" if psi is not None else "")
                                + f", guard trips {mem.get('guard_trips', 0)}"))
+    rows.extend(telemetry_rows(snap.get("telemetry")))
     op = snap.get("operation")
     if op:
         line = f"{op['kind']} -> {op['target']}: {op['status']}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__, admin_cli, commands, doctor, warmup
+from . import __version__, admin_cli, commands, doctor, gpuclock, warmup
 from .base.errors import run_command
 from .bench import cli as bench_cli
 from .draft import cli as draft_cli
@@ -22,7 +22,7 @@ from .kernels import cli as kernels_cli
 
 # In the order `gptoss-spark --help` lists them.
 COMMAND_MODULES = (commands, bench_cli, draft_cli, admin_cli, install_cli, kernels_cli, flashinfer_cli, doctor,
-                   warmup)
+                   warmup, gpuclock)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,9 @@ for cmd in /lib/systemd/systemd:systemd unshare:util-linux nsenter:util-linux us
   command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
 done
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+# The status page's browser test (tests/integration/test_admin_real_engine.py) drives Debian's
+# Chromium through Playwright (pinned in the test extra; its own browser download is never used).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,6 +32,7 @@ from ..service.profiles import PROFILE_NAME_RE, load_profiles
 from ..service.status import OpStatus
 from .auth import authorize, check_token_file_mode
 from .metrics import make_registry, render
+from .page import csp, new_nonce, render_page
 
 if TYPE_CHECKING:
     from ..service.supervisor import Operation, Supervisor
@@ -271,6 +272,14 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
         return data, wait, None
 
     # ---- reads ------------------------------------------------------------------------------
+
+    @app.get("/")
+    async def status_page() -> HTMLResponse:
+        # A page for people (admin/page.py), from the same snapshot as /admin/status.
+        nonce = new_nonce()
+        return HTMLResponse(render_page(supervisor.status(), nonce),
+                            headers={**NO_STORE, "Content-Security-Policy": csp(nonce),
+                                     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"})
 
     @app.get("/admin/health")
     async def health() -> JSONResponse:

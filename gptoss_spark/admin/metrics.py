@@ -19,6 +19,9 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..service.states import State
 from ..service.status import SupervisorStatus
+from ..service.gpu import THROTTLE_REASONS
+from ..service.telemetry import TelemetrySnapshot
+from ..service.throttle import KINDS
 
 PREFIX = "gptoss_spark"
 
@@ -68,6 +71,9 @@ def status_metrics(st: SupervisorStatus) -> Iterator[Metric]:
                                     "Memory PSI 'some avg10' (%) at the last guard reading",
                                     value=mem.psi_some_avg10)
 
+    if st.telemetry is not None:
+        yield from telemetry_metrics(st.telemetry)
+
     yield GaugeMetricFamily(f"{PREFIX}_start_time_seconds", "When the supervisor started (unix time)",
                             value=st.started_at)
 
@@ -87,6 +93,76 @@ def status_metrics(st: SupervisorStatus) -> Iterator[Metric]:
     build = InfoMetricFamily(f"{PREFIX}_build", "gptoss-spark version")
     build.add_metric([], {"version": __version__})
     yield build
+
+
+MHZ = 1e6
+
+# (metric suffix, help, GpuDevice attribute, scale to base units); a figure NVML does not give is left out.
+GPU_GAUGES = (
+    ("temperature_celsius", "GPU temperature", "temperature_c", 1.0),
+    ("sm_clock_hertz", "Current SM clock", "sm_clock_mhz", MHZ),
+    ("sm_clock_max_hertz", "Maximum SM clock of the device", "max_sm_clock_mhz", MHZ),
+    ("memory_clock_hertz", "Current memory clock", "memory_clock_mhz", MHZ),
+    ("power_watts", "Power draw", "power_watts", 1.0),
+    ("power_limit_watts", "Enforced power limit", "power_limit_watts", 1.0),
+    ("utilization_ratio", "GPU utilization (0-1) over NVML's last sample period", "utilization_percent", 0.01),
+    ("memory_used_bytes", "Device memory in use (not reported on unified memory)", "memory_used_bytes", 1.0),
+    ("engine_memory_bytes", "Device memory held by the engine's processes, where NVML counts it",
+     "engine_memory_bytes", 1.0),
+)
+
+
+def telemetry_metrics(t: TelemetrySnapshot) -> Iterator[Metric]:
+    """The sampler's last sample (service/telemetry.py): GPU figures where NVML answers, memory always."""
+    yield GaugeMetricFamily(f"{PREFIX}_gpu_telemetry_available",
+                            "1 when NVML answers; 0 on a host without it (the reason is in /admin/status)",
+                            value=0.0 if t.gpu.unavailable else 1.0)
+    yield GaugeMetricFamily(f"{PREFIX}_telemetry_sample_time_seconds", "When the last sample was taken (unix time)",
+                            value=t.at)
+    devices = t.gpu.devices
+    if devices:
+        info = InfoMetricFamily(f"{PREFIX}_gpu", "The GPU's name and driver", labels=["gpu"])
+        for d in devices:
+            info.add_metric([str(d.index)], {"name": d.name or "", "driver_version": t.gpu.driver_version or ""})
+        yield info
+        for suffix, help_, attr, scale in GPU_GAUGES:
+            fam = GaugeMetricFamily(f"{PREFIX}_gpu_{suffix}", help_, labels=["gpu"])
+            for d in devices:
+                v = getattr(d, attr)
+                if v is not None:
+                    fam.add_metric([str(d.index)], float(v) * scale)
+            if fam.samples:
+                yield fam
+        throttle = GaugeMetricFamily(f"{PREFIX}_gpu_throttle", "1 while NVML reports this clock event reason",
+                                     labels=["gpu", "reason"])
+        for d in devices:
+            if d.throttle is not None:
+                for reason in THROTTLE_REASONS:
+                    throttle.add_metric([str(d.index), reason], 1.0 if reason in d.throttle else 0.0)
+        if throttle.samples:
+            yield throttle
+        active = GaugeMetricFamily(f"{PREFIX}_gpu_throttle_episode", "1 during a sustained throttle episode",
+                                   labels=["gpu", "kind"])
+        going = set(t.episodes)
+        for d in devices:
+            for kind in KINDS:
+                active.add_metric([str(d.index), kind], 1.0 if (kind, d.index) in going else 0.0)
+        yield active
+    episodes = CounterMetricFamily(f"{PREFIX}_gpu_throttle_episodes", "Throttle episodes started (each alerted once)",
+                                   labels=["kind"])
+    counts = dict(t.episodes_total)
+    for kind in KINDS:
+        episodes.add_metric([kind], counts.get(kind, 0))
+    yield episodes
+
+    m = t.memory
+    for name, help_, v in (
+            ("memory_total_bytes", "MemTotal of the host", m.total_bytes),
+            ("cgroup_memory_bytes", "memory.current of the service's cgroup (engine included; unified memory)",
+             m.cgroup_bytes),
+            ("engine_resident_memory_bytes", "Resident set of the engine's process tree", m.engine_rss_bytes)):
+        if v is not None:
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", help_, value=float(v))
 
 
 class StatusCollector(Collector):

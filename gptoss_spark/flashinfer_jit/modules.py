@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..kernels.vllm_plugin import PluginError, selected_mode
+from ..service.batch_shape import option_value
 
 DEFAULT_ARCH_LIST = "12.1a"     # what the shipped profiles set in FLASHINFER_CUDA_ARCH_LIST
 DEVICE_ARCH = "121"             # FlashInfer's get_compute_capability on a GB10: (12, 1) -> "121"
@@ -91,19 +92,8 @@ FLASHINFER_MOE_BACKENDS = ("flashinfer_cutlass",)
 PROCESSED_LOGPROBS_MODES = ("processed_logits", "processed_logprobs")
 
 
-def flag_value(args: Sequence[str], name: str) -> str | None:
-    """The value of `name` in an argv list (`--x v` or `--x=v`); the last one wins, as in argparse."""
-    value = None
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(name + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
 def _moe_activation(args: Sequence[str]) -> str | None:
-    raw = flag_value(args, "--quantization-config")
+    raw = option_value(args, "--quantization-config")
     if raw is None:
         return None
     try:
@@ -138,7 +128,7 @@ def derive(profile: str, args: Sequence[str], env: Mapping[str, str], *, torch_c
         own_moe = selected_mode(env) is not None
     except PluginError:
         own_moe = False  # the engine refuses to start; nothing to add for it
-    backend = flag_value(args, "--moe-backend")
+    backend = option_value(args, "--moe-backend")
     if own_moe:
         notes.append(Note("MoE: GPTOSS_SPARK_MOE=triton runs this package's Triton kernels; no FlashInfer MoE module"))
     elif backend in FLASHINFER_MOE_BACKENDS and _moe_activation(args) == "mxfp8":
@@ -155,11 +145,11 @@ def derive(profile: str, args: Sequence[str], env: Mapping[str, str], *, torch_c
 
     # Sampling: off with VLLM_USE_FLASHINFER_SAMPLER=0, or a logprobs mode FlashInfer cannot return.
     sampler_off = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip() == "0"
-    if not sampler_off and flag_value(args, "--logprobs-mode") not in PROCESSED_LOGPROBS_MODES:
+    if not sampler_off and option_value(args, "--logprobs-mode") not in PROCESSED_LOGPROBS_MODES:
         modules.append(SAMPLING)
 
     # Attention.
-    attention = flag_value(args, "--attention-backend")
+    attention = option_value(args, "--attention-backend")
     if attention is None:
         notes.append(Note("attention: --attention-backend not set; on sm_121 vLLM prefers FLASH_ATTN, then "
                           "FLASHINFER (JIT modules not derived here), then TRITON_ATTN: pin --attention-backend "

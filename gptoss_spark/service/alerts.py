@@ -1,9 +1,11 @@
 """Optional alerts: one JSON document per event the operator should hear about at once.
 
 Events: `gave_up` (the supervisor stopped retrying: state failed), `memory_guard` (the
-engine was stopped before the host froze), `wedged` (a wedged engine was restarted).
-The document: {"event", "state", "profile", "reason", "host", "time"}; it is POSTed to
-alerts.webhook_url and/or given on stdin to alerts.command.
+engine was stopped before the host froze), `wedged` (a wedged engine was restarted), and
+once per throttle episode (throttle.py) `gpu_thermal`, `gpu_power`, `gpu_clock_low`.
+The document: {"event", "state", "profile", "reason", "host", "time"}, and for the GPU events
+"figures" (temperature, clocks, power, throttle reasons); it is POSTed to alerts.webhook_url
+and/or given on stdin to alerts.command.
 
 Sending never blocks the supervisor: each send is its own task, bounded by
 alerts.timeout (a command still running then is killed); a failure to send is logged,
@@ -24,7 +26,7 @@ from .config import AlertSettings
 
 log = structlog.get_logger("gptoss_spark.service.alerts")
 
-EVENTS = ("gave_up", "memory_guard", "wedged")
+EVENTS = ("gave_up", "memory_guard", "wedged", "gpu_thermal", "gpu_power", "gpu_clock_low")
 
 
 class Alerter:
@@ -38,16 +40,21 @@ class Alerter:
     def enabled(self) -> bool:
         return bool(self.settings.webhook_url or self.settings.command)
 
-    def document(self, event: str, state: str, profile: str | None, reason: str) -> dict[str, object]:
-        return {"event": event, "state": state, "profile": profile, "reason": reason,
-                "host": socket.gethostname(), "time": time.time()}
+    def document(self, event: str, state: str, profile: str | None, reason: str,
+                 figures: dict[str, object] | None = None) -> dict[str, object]:
+        doc: dict[str, object] = {"event": event, "state": state, "profile": profile, "reason": reason,
+                                  "host": socket.gethostname(), "time": time.time()}
+        if figures is not None:
+            doc["figures"] = figures
+        return doc
 
-    def notify(self, event: str, state: str, profile: str | None, reason: str) -> None:
+    def notify(self, event: str, state: str, profile: str | None, reason: str,
+               figures: dict[str, object] | None = None) -> None:
         """Queue the alert and return at once (called from the supervisor's loop)."""
         assert event in EVENTS, event
         if not self.enabled:
             return
-        body = json.dumps(self.document(event, state, profile, reason)).encode()
+        body = json.dumps(self.document(event, state, profile, reason, figures)).encode()
         if self.settings.webhook_url:
             self._spawn(self._post(body, event), f"alert-webhook-{event}")
         if self.settings.command:

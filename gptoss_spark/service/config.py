@@ -114,6 +114,22 @@ class AlertSettings(_Section):
     timeout: float = Field(10.0, gt=0, le=300)
 
 
+class GpuSettings(_Section):
+    """GPU and memory telemetry (service/telemetry.py), throttle alerts, and the optional clock cap."""
+
+    # Seconds between telemetry samples (NVML, memory figures, the engine's /metrics for the page).
+    sample_interval: float = Field(5.0, ge=1, le=300)
+    # A throttle (thermal or power) or a low clock must last this long to be an episode worth an alert.
+    alert_after_seconds: float = Field(60.0, gt=0)
+    # "Well below its norm": the SM clock under this fraction of its norm (the cap when set, else the
+    # device's maximum) while requests run.
+    low_clock_fraction: float = Field(0.5, gt=0, lt=1)
+    # Cap the SM clock (MHz) while the service runs, as owners do with `nvidia-smi -lgc` against
+    # thermal shutdowns; applied before the engine starts, reset after it stops (docs/OPERATIONS.md,
+    # "GPU clock cap"). 0 = off.
+    max_clock_mhz: int = Field(0, ge=0, le=10000)
+
+
 class ClusterSettings(_Section):
     """Two nodes, one engine (docs/CLUSTER.md): vLLM's multi-node mp executor, tensor parallel across both.
 
@@ -156,6 +172,7 @@ class Settings(_Section):
     wedge: WedgeSettings = WedgeSettings()
     memory: MemorySettings = MemorySettings()
     alerts: AlertSettings = AlertSettings()
+    gpu: GpuSettings = GpuSettings()
     cluster: ClusterSettings | None = None
 
     @model_validator(mode="after")

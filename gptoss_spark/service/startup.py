@@ -55,7 +55,7 @@ COMPILE_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("inductor", re.compile(r"Compiling a graph for compile range (?P<what>.+?) takes (?P<s>[\d.]+) s")),
     # compilation/decorators.py: torch's AOT compile of the whole model stored (a compile happened;
     # a warm start logs "Directly load AOT compilation" instead).
-    ("aot-compile", re.compile(r"saved AOT compiled function to (?P<what>\S+)")),
+    ("aot-compile", re.compile(r"(?:\[(?P<what>[\w.-]+)\] )?saved AOT compiled function to")),
     ("flashinfer-jit", re.compile(r"Building JIT module (?P<what>\S+?);")),
     ("cute-dsl", re.compile(r"gptoss-spark cute-dsl compiled: (?P<what>\S+) \S+ in (?P<s>[\d.]+) s")),
     ("ll_bf16", re.compile(r"Warming up ll_bf16 router GEMM kernels for shapes: (?P<what>.+?)\.?$")),
@@ -140,7 +140,7 @@ class StartupRecord:
             m = pat.search(line)
             if m:
                 s = m.groupdict().get("s")
-                self.compiles.append(CompileEvent(kind, m.group("what").strip(), float(s) if s else None))
+                self.compiles.append(CompileEvent(kind, (m.group("what") or "model").strip(), float(s) if s else None))
                 break
         if any(p.search(line) for p in CACHE_HIT_LINES):
             self.cache_hits += 1

@@ -17,12 +17,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .memory import MemoryReading
 from .profiles import Profile
 from .states import State, Transition
 from .store import PersistedState
+
+if TYPE_CHECKING:
+    from .telemetry import TelemetrySnapshot
 
 
 class CommandKind(str, enum.Enum):
@@ -182,6 +185,7 @@ class SupervisorStatus:
     saved: PersistedState                   # what state.json holds now
     cluster: ClusterStatus | None           # None on a single node
     start: StartStatus | None = None        # None only in snapshots made by hand (tests)
+    telemetry: "TelemetrySnapshot | None" = None  # the sampler's last sample (telemetry.py); None before it
 
     @property
     def ready(self) -> bool:
@@ -212,6 +216,7 @@ class SupervisorStatus:
                 {"at": t.wall, "from": t.old.value, "to": t.new.value, "reason": t.reason, "profile": t.profile}
                 for t in self.transitions],
             "cluster": self.cluster.to_json() if self.cluster else None,
+            "telemetry": self.telemetry.to_json() if self.telemetry else None,
             "saved": {"active_profile": self.saved.active_profile,
                       "last_good_profile": self.saved.last_good_profile},
             "start": self.start.to_json() if self.start else None,

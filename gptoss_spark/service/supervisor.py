@@ -40,6 +40,8 @@ from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardSt
 from .store import PersistedState, StateStore
 from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
 from .systemd import Notifier, watchdog_interval
+from .telemetry import SampleContext, TelemetrySampler
+from .throttle import ThrottleWatch
 
 log = structlog.get_logger("gptoss_spark.service.supervisor")
 
@@ -187,6 +189,12 @@ class Supervisor:
         # Every engine start's phases and compiles (startup.py): status, /metrics, the journal.
         self.starts = StartupHistory()
         self._load_phase_shown: str | None = None
+        # GPU, memory and throughput figures, sampled off the loop (telemetry.py); read by status().
+        gpu = settings.gpu
+        self.telemetry = TelemetrySampler(
+            gpu.sample_interval, self.guard.source,
+            ThrottleWatch(gpu.alert_after_seconds, gpu.low_clock_fraction, gpu.max_clock_mhz, clock),
+            self.alerts, probe_timeout=settings.timeouts.probe_timeout)
 
     # ---- views for the admin API and CLI --------------------------------------------------
 
@@ -226,6 +234,7 @@ class Supervisor:
             cluster=self._cluster_status(),
             start=StartStatus(current=self._start_in_progress(), last=self.starts.last.to_json()
                               if self.starts.last else None, histograms=self.starts.histograms_view()),
+            telemetry=self.telemetry.latest,
         )
 
     def _start_in_progress(self) -> dict | None:
@@ -393,10 +402,12 @@ class Supervisor:
 
     async def run(self) -> int:
         watchdog = asyncio.create_task(self._watchdog_loop(), name="watchdog")
+        sampler = asyncio.create_task(self.telemetry.run(self._sample_context), name="telemetry")
         try:
             return await self._run()
         finally:
             watchdog.cancel()
+            sampler.cancel()
             await self.alerts.drain()  # a give-up's alert goes out before the process exits
 
     async def _run(self) -> int:
@@ -889,6 +900,12 @@ class Supervisor:
 
     # ---- reporting --------------------------------------------------------------------------
 
+    def _sample_context(self) -> SampleContext:
+        engine = self.engine
+        alive = engine is not None and engine.returncode is None
+        return SampleContext(self.state.value, self.profile_name, engine.pid if alive else None,
+                             engine.base_url if alive else None)
+
     def _status_line(self) -> str:
         return f"{self.state.value}: profile {self.profile_name}"
 
@@ -897,6 +914,7 @@ class Supervisor:
                  pid=self.engine.pid if self.engine else None)
         if t.new == State.FAILED:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
+        self.telemetry.journal(t.new.value)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         if t.new in (State.BACKOFF, State.FAILED):
             self.notifier.reload_over(line[:200])  # STATUS; a reload that ends here failed: systemd hears it is over

@@ -61,7 +61,8 @@ class Service:
         self.config.write_text(demo_settings_toml(
             model_dir=model_dir, state_dir=tmp / "state", profile_dirs=[pdir], token_file=self.token_file,
             engine_port=self.engine_port, admin_port=self.admin_port,
-            restart={"max_crashes": 3, "backoff_initial": 1}))
+            restart={"max_crashes": 3, "backoff_initial": 1},
+            gpu={"sample_interval": 1}))
         self.log_path = tmp / "serve.log"
         self.admin = httpx.Client(base_url=f"http://127.0.0.1:{self.admin_port}", timeout=30)
         self.auth = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,6 +9,11 @@ seconds on two cores), walked through in order:
      serving engine is touched (same pid, still ready, no drain), vLLM's error line in the op
   -> switch to a profile whose engine fails to start: rolled back to demo, ready,
      the error in the response, in /admin/status and in /metrics
+  -> telemetry: /admin/status, /metrics and `gptoss-spark status` carry the memory figures of
+     this host and the engine, and say "no NVML" for the GPU (this box has no driver)
+  -> the status page (GET /) in Debian's headless Chromium: state and profile shown, a switch
+     with a wrong token refused, with the right one done (demo -> demo-b); a screenshot is
+     kept in .test-artifacts/status-page.png
   -> the engine's access log has completions but not the supervisor's /health and /metrics probes
   -> SIGTERM: the supervisor (not uvicorn) handles it, the engine is gone.
 """
@@ -16,9 +21,12 @@ seconds on two cores), walked through in order:
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,6 +35,8 @@ from gptoss_spark.service.engine import _session_members
 from tests.helpers.admin_service import DEMO_ARGS, START_TIMEOUT, TOKEN, cmdline, profile_toml, running_service
 
 pytestmark = pytest.mark.integration
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / ".test-artifacts"
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +177,111 @@ def test_failed_switch_rolls_back_to_last_good(service):
     c = httpx.post(f"http://127.0.0.1:{service.engine_port}/v1/completions", timeout=120,
                    json={"model": "gptoss", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
     assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] == 3
+
+
+def _telemetry_with_engine(service, timeout: float = 30.0) -> dict:
+    """/admin/status once the sampler has read the serving engine's tree (it samples every second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = service.admin.get("/admin/status").json()
+        tel = status.get("telemetry")
+        if tel and tel["memory"]["engine_rss_bytes"] and tel["engine"] and tel["engine"]["tokens_per_second"]:
+            return status
+        assert time.monotonic() < deadline, f"no telemetry with the engine's figures: {tel}"
+        httpx.post(f"http://127.0.0.1:{service.engine_port}/v1/completions", timeout=120,
+                   json={"model": "gptoss", "prompt": "Hi", "max_tokens": 8, "ignore_eos": True})
+
+
+def _meminfo(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def test_status_metrics_and_cli_carry_memory_figures_and_say_no_nvml(service):
+    status = _telemetry_with_engine(service)
+    tel = status["telemetry"]
+    assert tel["gpu"]["available"] is False and tel["gpu"]["reason"].startswith("no NVML: "), tel["gpu"]
+    mem = tel["memory"]
+    assert mem["total_bytes"] == _meminfo("MemTotal")
+    assert 0 < mem["available_bytes"] <= mem["total_bytes"]
+    # A real vLLM engine's tree (API server + engine core) holds hundreds of MiB resident.
+    assert mem["engine_rss_bytes"] > 300 * 2**20, mem
+    # This box mounts cgroup v1 (no memory.current): the figure is absent, as the docs say; on v2 it is read.
+    cgroup_file = Path("/sys/fs/cgroup") / (mem["cgroup"] or "/nonexistent").lstrip("/") / "memory.current"
+    assert (mem["cgroup_bytes"] is not None) == cgroup_file.exists()
+    assert tel["engine"]["tokens_per_second"] > 0
+
+    metrics = {}
+    for line in service.admin.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            metrics[k] = float(v)
+    assert metrics["gptoss_spark_gpu_telemetry_available"] == 0
+    assert not [k for k in metrics if k.startswith("gptoss_spark_gpu_temperature")]
+    assert metrics["gptoss_spark_memory_total_bytes"] == _meminfo("MemTotal")
+    assert metrics["gptoss_spark_engine_resident_memory_bytes"] > 300 * 2**20
+    assert metrics['gptoss_spark_gpu_throttle_episodes_total{kind="thermal"}'] == 0
+
+    r = subprocess.run([sys.executable, "-m", "gptoss_spark.cli", "status", "--config", str(service.config)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert [line for line in lines if line.startswith("gpu ")] == [f"gpu        {tel['gpu']['reason']}"]
+    (engine_mem,) = [line for line in lines if line.startswith("engine mem")]
+    assert "engine RSS " in engine_mem and "tokens/s" in engine_mem
+
+
+def test_status_page_in_headless_chromium_shows_state_and_switches_with_the_typed_token(service):
+    from playwright.sync_api import expect, sync_playwright
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: scripts/dev-setup.sh installs it (apt-get install chromium)"
+    url = f"http://127.0.0.1:{service.admin_port}/"
+    before = service.admin.get("/admin/status").json()
+    assert (before["state"], before["profile"]) == ("ready", "demo")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        # --no-sandbox: Chromium's sandbox refuses to run as root (CI and this box run as root).
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(url)
+            expect(page.locator("#state")).to_have_text("ready")
+            expect(page.locator("#profile option:checked")).to_have_text("demo (active) - tiny demo, 4 slots")
+            expect(page.get_by_text("no NVML: ", exact=False)).to_be_visible()
+            expect(page.locator("svg polyline")).to_have_count(2)  # the sampler's last hour, drawn
+            page.screenshot(path=str(ARTIFACTS / "status-page.png"), full_page=True)
+
+            page.select_option("#profile", "demo-b")
+            page.fill("#token", "wrong-" + "x" * 40)
+            page.click("button[type=submit]")
+            expect(page.locator("#result")).to_have_text("refused (HTTP 403): wrong token")
+            after = service.admin.get("/admin/status").json()
+            assert (after["profile"], after["engine_pid"]) == ("demo", before["engine_pid"])
+
+            page.fill("#token", service.auth["Authorization"].removeprefix("Bearer "))
+            page.click("button[type=submit]")
+            expect(page.locator("#result")).to_contain_text("accepted: switching to demo-b")
+            expect(page.locator("#token")).to_have_value("")  # not kept once used
+            op = service.admin.get("/admin/status").json()["operation"]
+            assert (op["kind"], op["target"]) == ("switch", "demo-b")
+            done = service.wait_op({**op, "poll": f"/admin/operations/{op['id']}"})
+            assert done["status"] == "succeeded", done
+            page.goto(url)
+            expect(page.locator("#state")).to_have_text("ready")
+            expect(page.locator("#profile option:checked")).to_have_text("demo-b (active) - tiny demo, 2 slots")
+            page.screenshot(path=str(ARTIFACTS / "status-page-after-switch.png"), full_page=True)
+            # The page's own script ran under its CSP nonce: no violation; the one error in the console
+            # is the browser's note on the refused switch.
+            assert errors == ["Failed to load resource: the server responded with a status of 403 (Forbidden)"], errors
+            assert page.evaluate("() => Object.keys(localStorage).length + document.cookie.length") == 0
+        finally:
+            browser.close()
+    assert service.admin.get("/admin/health").json() == {"status": "ok", "state": "ready", "profile": "demo-b"}
 
 
 def test_engine_access_log_leaves_out_the_supervisors_probes(service):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_spark.errors import ConfigError
+from gptoss_spark.base.errors import ConfigError
 from gptoss_spark.service import batch_shape
 from gptoss_spark.service.config import load_settings
 from gptoss_spark.service.profiles import load_profiles

@@ -12,7 +12,7 @@ import pytest
 
 from gptoss_spark.bench.sweep import parse_concurrencies, recommend_by_range, render_ranges
 from gptoss_spark.bench.sweep_plot import draw_png, sibling_paths, write_csv
-from gptoss_spark.errors import UserError
+from gptoss_spark.base.errors import UserError
 
 
 def sweep(points: dict[int, tuple[float, float]], invalid_at: tuple[int, ...] = ()) -> dict:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from gptoss_spark.service.batch_shape import option_value
 from gptoss_spark.service.config import Settings
 from gptoss_spark.doctor import OK, WARN, check_flashinfer
 from gptoss_spark.service.engine import build_env
 from gptoss_spark.flashinfer_jit import build as fb
 from gptoss_spark.service import flashinfer_cache as cache
-from gptoss_spark.flashinfer_jit.modules import (FP4_QUANT_120F, FP4_QUANT_121, FUSED_MOE, SAMPLING, derive,
-                                                 flag_value)
+from gptoss_spark.flashinfer_jit.modules import FP4_QUANT_120F, FP4_QUANT_121, FUSED_MOE, SAMPLING, derive
 from gptoss_spark.install import venvs
 from gptoss_spark.base.exit_codes import EXIT_FLASHINFER
 from gptoss_spark.install.layout import InstallError, Layout
@@ -97,9 +97,9 @@ def test_flags_and_env_that_take_flashinfer_out():
 
 
 def test_flag_value_last_wins_in_both_spellings():
-    assert flag_value(["--a", "1", "--a=2"], "--a") == "2"
-    assert flag_value(["--a=2", "--a", "3"], "--a") == "3"
-    assert flag_value(["--ab", "1"], "--a") is None and flag_value(["--a"], "--a") is None
+    assert option_value(["--a", "1", "--a=2"], "--a") == "2"
+    assert option_value(["--a=2", "--a", "3"], "--a") == "3"
+    assert option_value(["--ab", "1"], "--a") is None and option_value(["--a"], "--a") is None
 
 
 # ---------------------------------------------------------------- parallelism, key, layout

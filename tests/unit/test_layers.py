@@ -26,7 +26,7 @@ FLOORS: list[set[str]] = [
     {"bench"},
     {"draft"},
     {"warmup"},                   # start each profile's engine once (runs the service's engine)
-    {"commands", "admin_cli", "doctor"},  # commands of the top: serve, check, status, doctor
+    {"commands", "admin_cli", "doctor", "gpuclock"},  # commands of the top: serve, check, status, doctor
     {"cli"},                      # the parser, which lists every package's commands
 ]
 

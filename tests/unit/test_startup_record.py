@@ -128,4 +128,4 @@ def test_a_compiled_cpu_start_ends_its_compile_at_the_profiling_run():
     ])
     assert list(rec.phases()) == ["process", "weights", "compile", "engine"]
     assert rec.phases()["compile"] == 50.0
-    assert [c.kind for c in rec.compiles] == ["aot-compile"]
+    assert [c.describe() for c in rec.compiles] == ["aot-compile backbone"]

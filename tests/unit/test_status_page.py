@@ -1,0 +1,75 @@
+"""The status page (admin/page.py, GET /) against a real, not running Supervisor: what it shows,
+that it loads nothing from elsewhere, and that its script runs only under its own nonce.
+The page in a real browser, with a real engine: tests/integration/test_admin_real_engine.py."""
+
+from __future__ import annotations
+
+import time
+import re
+
+from gptoss_spark.service.gpu import GpuDevice, GpuReading
+from gptoss_spark.service.hostmem import HostMemory
+from gptoss_spark.service.probes import GENERATED, RUNNING
+from gptoss_spark.service.telemetry import SampleContext
+from tests.unit.test_admin_api import call, env, make_ready  # noqa: F401 (env is a fixture)
+
+
+def get_page(sup, settings):
+    async def go(c):
+        return await c.get("/")
+    return call(sup, settings, go)
+
+
+def test_page_shows_state_profile_switch_control_and_says_no_gpu_sample_yet(env):  # noqa: F811
+    sup, settings, _ = env
+    make_ready(sup)
+    r = get_page(sup, settings)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["cache-control"] == "no-store"
+    page = r.text
+    assert '<span id="state" class="state ready">ready</span>' in page
+    assert '<option value="demo" selected>demo (active) - the demo</option>' in page
+    assert '<option value="demo-b">demo-b - the other demo</option>' in page
+    assert 'type="password"' in page and "no telemetry sample yet" in page
+    assert "100.0 of 128.0 GiB" not in page  # the guard has not read yet: no made-up figure
+
+
+def test_page_loads_nothing_from_elsewhere_and_scripts_need_the_responses_nonce(env):  # noqa: F811
+    sup, settings, _ = env
+    r = get_page(sup, settings)
+    policy = r.headers["content-security-policy"]
+    nonce = re.search(r"'nonce-([^']+)'", policy).group(1)
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert re.findall(r"<script[^>]*>", r.text) == [f'<script nonce="{nonce}">']
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", r.text)  # no CDN, no other host
+    assert get_page(sup, settings).headers["content-security-policy"] != policy  # a new nonce each time
+
+
+def test_page_renders_telemetry_charts_memory_and_gpu_and_escapes_what_it_shows(env):  # noqa: F811
+    sup, settings, _ = env
+    make_ready(sup)
+    sup.last_error = "<script>alert(1)</script>"
+    sup.guard.read()
+    dev = GpuDevice(0, "NVIDIA GB10", 81.0, 2400.0, None, 3000.0, 98.0, 140.0, 93.0, frozenset({"sw_thermal"}),
+                    None, None, None)
+    ctx = SampleContext("ready", "demo", 42, "http://127.0.0.1:1")
+    mem = HostMemory(100 << 30, 128 << 30, 0.5, 70 << 30, "/x", 66 << 30)
+    t = sup.telemetry
+    for i in range(5):
+        t.record(ctx, GpuReading((dev,), driver_version="580"), mem, {RUNNING: 2.0, GENERATED: 1000.0 * i})
+        time.sleep(0.01)  # distinct sample times: a rate needs two
+    page = get_page(sup, settings).text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
+    assert page.count("<polyline") == 2
+    assert "81 °C" in page and "2400 MHz (max 3000)" in page and "98 W of 140 W" in page
+    assert "sw_thermal" in page
+    assert "70.0 GiB" in page and "66.0 GiB" in page and "100.0 of 128.0 GiB" in page
+
+
+def test_page_on_a_host_without_nvml_says_so(env):  # noqa: F811
+    sup, settings, _ = env
+    sup.telemetry.record(SampleContext("stopped", None, None, None), GpuReading(unavailable="no NVML: library"),
+                         HostMemory(*[None] * 6), None)
+    page = get_page(sup, settings).text
+    assert "<td>no NVML: library</td>" in page
+    assert "generated tokens/s: no samples yet" in page
