@@ -77,7 +77,18 @@ status() { echo "${BOLD}>>> $*${RESET}"; }
 warn()   { echo "${YELLOW}WARNING: $*${RESET}" >&2; }
 die()    { local code=$1; shift; echo "${RED}ERROR: $*${RESET}" >&2; exit "$code"; }
 # The installer's own steps (stdlib-only Python, run from this source tree).
-step()   { PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m gptoss_spark.install "$@"; }
+step()   { STEP_NOW="$1"; PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m gptoss_spark.install "$@"; }
+# A hangup (a closed ssh session), Ctrl-C or kill: say what happened instead of dying silently.
+STEP_NOW=start
+interrupted() {
+    trap - HUP INT TERM
+    echo "${RED}ERROR: install.sh was interrupted by SIG$1 during its '$STEP_NOW' step; a half-built" \
+         "venv is never used (removed now or by the next run), and the service runs the version it" \
+         "ran before unless the switch had begun. Run install.sh again (over ssh: under nohup, tmux" \
+         "or screen).${RESET}" >&2
+    exit $((128 + $(kill -l "$1")))
+}
+trap 'interrupted HUP' HUP; trap 'interrupted INT' INT; trap 'interrupted TERM' TERM
 # Commands with side effects that are not a Python step: echoed, skipped by --dry-run.
 run()    { if [ "$DRY_RUN" = 1 ]; then echo "  would run: $*"; else "$@"; fi; }
 DRY=(); [ "$DRY_RUN" = 1 ] && DRY=(--dry-run)
@@ -95,7 +106,20 @@ MODE=(); [ "$CPU" = 1 ] && MODE=(--cpu)
 LOCK=/run/gptoss-spark-install.lock
 # shellcheck source=scripts/install-lock.sh
 . "$SRC/scripts/install-lock.sh"
-install_lock "$LOCK" || die 17 "another install.sh is running (lock $LOCK)"
+install_lock_take "$LOCK" 2>"${TMPDIR:-/tmp}/gptoss-spark-lock.$$" \
+    || die 17 "another install.sh is running (lock $LOCK $(cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$"))"
+cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$" >&2; rm -f "${TMPDIR:-/tmp}/gptoss-spark-lock.$$"
+
+# The full output of an install (pip's whole output too: its steps show only progress and its
+# errors) goes to a log file, named as the last line. The tee processes close the lock's fd 9:
+# they outlive this shell by a moment and must not hold the lock.
+if [ "$ACTION" = install ] && [ "$DRY_RUN" != 1 ]; then
+    INSTALL_LOG=/var/log/gptoss-spark-install.log
+    { echo; echo "==== install.sh $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'), source $SRC)"; } >>"$INSTALL_LOG"
+    exec > >(exec 9>&-; tee -a "$INSTALL_LOG") 2> >(exec 9>&-; tee -a "$INSTALL_LOG" >&2)
+    export GPTOSS_SPARK_INSTALL_LOG="$INSTALL_LOG"
+    trap 'echo "the full log of this run: $INSTALL_LOG" >&2' EXIT
+fi
 
 # ---------------------------------------------------------------- start and switch back
 # Type=notify: `systemctl restart` returns once the engine answered /health and a

@@ -20,8 +20,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .admin.client import (Client, ServiceDown, operation_of, read_token_for_cli, state_of, switch_limit,
-                           wait_operation)
+from .admin.client import (POLL_SECONDS, Client, ServiceDown, operation_of, read_token_for_cli, state_of,
+                           switch_limit, wait_operation)
 from .base.defaults import CONFIG_HELP
 from .service.config import Settings, load_settings, resolve_config_path
 from .service.states import State
@@ -139,9 +139,30 @@ def follow(client: Client, op: dict, args: argparse.Namespace, settings: Setting
     else:
         print(f"{view.kind.value} to {view.target} FAILED: {view.error}", file=sys.stderr)
         if view.rolled_back_to:
-            print(f"rolled back to {view.rolled_back_to}: it is starting again; "
-                  "follow it with `gptoss-spark status`", file=sys.stderr)
+            print(f"rolled back to {view.rolled_back_to}: it is starting again", file=sys.stderr)
+            print(serving_again(client, view.rolled_back_to, max(0.0, limit - took), started), file=sys.stderr)
     return 0 if succeeded else 1
+
+
+def serving_again(client: Client, profile: str, limit: float, started: float) -> str:
+    """Wait (up to limit) for the rollback's engine: one line that says whether the service serves again."""
+    deadline = time.monotonic() + limit
+    state: State | None = None
+    while True:
+        r = client.request("GET", "/admin/health")
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        state = state_of(body) if body.get("state") else state
+        if state == State.READY:
+            return f"{profile} serves again, {time.monotonic() - started:.0f} s after the switch began"
+        if state == State.FAILED:
+            return (f"{profile} did not get ready either (state failed); see `gptoss-spark status` "
+                    "and journalctl -u gptoss-spark")
+        if time.monotonic() > deadline:
+            return f"{profile} not ready yet after {limit:g} s; follow it with `gptoss-spark status`"
+        time.sleep(POLL_SECONDS)
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -265,6 +286,8 @@ def render_profiles(body: dict) -> str:
         out.append(f" {mark} {p['name']:<{width}}  {p['description']}")
         if p.get("why_not"):
             out.append(f"   {'':<{width}}  cannot run here: {'; '.join(p['why_not'])}")
+    if body.get("profiles_error"):
+        out.append(f"a profile file is broken (listed: the profiles loaded before): {body['profiles_error']}")
     if body.get("operation") and (op := operation_of(body["operation"])).status.in_progress:
         out.append(f"in progress: {op.kind.value} -> {op.target} ({op.status.value})")
     return "\n".join(out)

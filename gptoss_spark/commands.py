@@ -8,7 +8,7 @@ import sys
 
 from .service import logs
 from .service.api_access import check_api_access
-from .service.argcheck import ArgCheckUnavailable, profile_rejects, profiles_rejected
+from .service.argcheck import profiles_rejected
 from .service.config import load_settings, resolve_config_path
 from .base.defaults import CONFIG_HELP
 from .base.errors import ConfigError
@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("check", help="validate the settings, the profiles and the active profile's requirements")
     p.add_argument("--config", help=CONFIG_HELP)
-    p.add_argument("--profile", help="check this profile's requirements (default: the active one)")
+    p.add_argument("--profile", help="check this profile alone (default: the active one's requirements and "
+                                     "every profile's engine arguments)")
     p.add_argument("--all-profiles", action="store_true",
                    help="only ask vLLM's parser about every profile's engine arguments (what an upgrade "
                         "checks before it stops the running engine); exit 1 if it rejects any")
@@ -46,16 +47,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     profile = get_profile(profiles, name, settings)
     profile.check_requirements(settings)
     check_api_access(settings)
-    try:
-        rejection = asyncio.run(profile_rejects(settings, profile))
-    except ArgCheckUnavailable as e:
-        raise ConfigError(profile.source, "engine.args", f"could not be checked: {e}",
-                          "check engine.python in the settings names the venv's python") from None
-    if rejection:
-        raise ConfigError(profile.source, "engine.args", f"vLLM rejects profile {name}'s engine arguments: "
-                          f"{rejection}", "fix the argument (vllm serve --help lists them)")
+    # Every installed profile's arguments (a switch to any of them must not be the first to find a bad
+    # flag), unless one was named; one vLLM import per interpreter and environment (argcheck.py).
+    checked = {name: profile} if args.profile else profiles
+    results = asyncio.run(profiles_rejected(settings, checked))
+    verdict, line = results[name]
+    if verdict == "unchecked":
+        raise ConfigError(profile.source, "engine.args", f"could not be checked: {line}",
+                          "check engine.python in the settings names the venv's python")
+    rejected = [n for n, (v, _) in results.items() if v == "rejected"]
+    if rejected:
+        first = profiles[rejected[0]]
+        more = f" (vLLM rejects {len(rejected) - 1} more: {', '.join(rejected[1:])})" if len(rejected) > 1 else ""
+        raise ConfigError(first.source, "engine.args", f"vLLM rejects profile {first.name}'s engine arguments: "
+                          f"{results[first.name][1]}{more}", "fix the argument (vllm serve --help lists them)")
+    for other, (v, why) in results.items():
+        if v == "unchecked":
+            print(f"  profile {other}: not checked: {why}")
+    others = f"; vLLM accepts the arguments of all {len(checked)}" if len(checked) > 1 else ""
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
-          f"profile {name} can start (vLLM accepts its engine arguments)")
+          f"profile {name} can start (vLLM accepts its engine arguments){others}")
     if settings.cluster is not None:
         from .service.cluster import check_peer
 

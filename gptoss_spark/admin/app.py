@@ -27,7 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..service.config import Settings
 from ..service.fit import why_not
-from ..service.profiles import PROFILE_NAME_RE
+from ..base.errors import ConfigError
+from ..service.profiles import PROFILE_NAME_RE, load_profiles
 from ..service.status import OpStatus
 from .auth import authorize, check_token_file_mode
 from .metrics import make_registry, render
@@ -291,14 +292,22 @@ def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> Fa
     async def get_profile() -> JSONResponse:
         st = supervisor.status()
         total_gib = st.guard.host_total_bytes / 2**30
+        # The files as they are now (a new one in profiles.d is switchable at once: a switch reads
+        # them too); if one is broken, the set the supervisor loaded last, and what is wrong.
+        files_error = None
+        try:
+            on_disk = await asyncio.to_thread(load_profiles, settings)
+        except ConfigError as e:
+            on_disk, files_error = dict(st.profiles), str(e)
         profiles = []
-        for p in sorted(st.profiles.values(), key=lambda p: p.name):
+        for p in sorted(on_disk.values(), key=lambda p: p.name):
             reasons = why_not(p, settings, total_gib)
             profiles.append({"name": p.name, "description": p.description, "memory_gib": p.memory_gib,
                              "active": p.name == st.profile, "runs_here": not reasons, "why_not": reasons})
         return JSONResponse({"active": st.profile, "state": st.state.value,
                              "saved": st.saved.active_profile, "last_good": st.saved.last_good_profile,
-                             "profiles": profiles, "operation": st.operation.to_json() if st.operation else None},
+                             "profiles": profiles, "profiles_error": files_error,
+                             "operation": st.operation.to_json() if st.operation else None},
                             headers=NO_STORE)
 
     @app.get("/admin/status")

@@ -31,9 +31,11 @@ WARMUP_PROMPT = Prompt(
 
 def http_client(timeout: float, connections: int = 4, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     # read= is the longest gap between two chunks: a cold engine's first token
-    # can take minutes, so it is the user's knob (--timeout).
+    # can take minutes, so it is the user's knob (--timeout). connect= too: an engine busy on
+    # its one CPU core accepts late (a fixed 10 s failed load-test requests that --timeout,
+    # which the error names, could not help).
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=10.0, read=timeout, write=30.0, pool=None),
+        timeout=httpx.Timeout(connect=timeout, read=timeout, write=30.0, pool=None),
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         headers=headers,
     )

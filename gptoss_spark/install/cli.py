@@ -57,13 +57,16 @@ def _venv_id(args: argparse.Namespace) -> str:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     layout = _layout(args)
-    exists = False
+    exists, vid = False, None
     try:
-        exists = venvs.is_complete(layout.venvs_dir / _venv_id(args))
+        vid = _venv_id(args)
+        exists = venvs.is_complete(layout.venvs_dir / vid)
     except InstallError:
         pass  # the python check below says why
+    reclaimable = 0 if exists else venvs.reclaimable_bytes(layout, keep=[vid] if vid else [])
     r = preflight.run_preflight(layout, cpu=args.cpu, allow_unsupported_gpu=args.allow_unsupported_gpu,
-                                python=args.python, source=_source(args), venv_exists=exists)
+                                python=args.python, source=_source(args), venv_exists=exists,
+                                reclaimable=reclaimable)
     if r.exit_code == 0:  # the peer is asked only once this host can take the install
         r.checks.append(_peer_check(args, layout))
     _say(r.render())
@@ -135,6 +138,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         _answer("would-build")
         return 0
     _say(lock_line)
+    # Versions no link names (one kept after an exit 29): preflight counted their disk as free.
+    removed = venvs.prune(layout, keep=[vid])
+    if removed:
+        _say(f"  removed versions no link names, to make room: {', '.join(removed)}")
     pip_args = list(args.pip_arg or [])
     if args.cpu and args.torch_index != "":
         index = args.torch_index or venvs.CPU_TORCH_INDEX

@@ -1,15 +1,18 @@
 """Directories, config, profiles, admin token, API key and the unit file.
 
-The rule for the admin's files (/etc/gptoss-spark): written only if absent.
-If one exists and differs from what this version ships, it stays as it is
-and the new default goes beside it as `<name>.dist`, and we say so
-(upgrades that overwrite a user's config were ollama#1278).
+The rule for the admin's files (/etc/gptoss-spark): written if absent; replaced
+by this version's default only if it is byte for byte what an install wrote
+(its sha256 is in /etc/gptoss-spark/.shipped.json: nobody edited it). If one
+was edited, it stays as it is and the new default goes beside it as
+`<name>.dist`, and we say so (upgrades that overwrite a user's config were
+ollama#1278). A `.dist` is removed only when the file equals it, and we say so.
 """
 
 from __future__ import annotations
 
 import grp
 import hashlib
+import json
 import os
 import pwd
 import re
@@ -32,9 +35,12 @@ class Placed:
     path: Path
     action: str   # created | unchanged | kept | replaced | masked | removed, or would-<action>
     saved_aside: bool = False  # the unit: a locally edited copy was kept as <name>.old
+    dist_removed: bool = False  # a <name>.dist that equals the file now was removed
 
     def line(self, layout: Layout) -> str:
         p = layout.real(self.path)
+        if self.dist_removed:
+            return f"  {p} is this version's default; removed {p}.dist (the same now)"
         return {
             "created": f"  wrote {p}",
             "unchanged": f"  {p} unchanged",
@@ -42,6 +48,8 @@ class Placed:
             "would-create": f"  would write {p}",
             "would-keep": f"  would keep your {p} and write the new default to {p}.dist",
             "replaced": f"  updated {p}",
+            "upgraded": f"  updated {p} to this version's default (it was an earlier one, never edited)",
+            "would-upgrade": f"  would update {p} to this version's default (it was an earlier one, never edited)",
             "would-replace": f"  would update {p}",
             "masked": f"  {p} is turned off (a link to /dev/null): kept off",
             "removed": f"  removed {p}",
@@ -59,17 +67,66 @@ def ids(layout: Layout) -> tuple[int, int] | None:
         return None
 
 
-def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: bool = False) -> Placed:
+SHIPPED_FILE = ".shipped.json"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Shipped:
+    """sha256 of what an install last wrote to each admin file: {path: digest}, in etc_dir."""
+
+    def __init__(self, layout: Layout):
+        self.path = layout.etc_dir / SHIPPED_FILE
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        self.digests: dict[str, str] = {k: v for k, v in data.items() if isinstance(v, str)} \
+            if isinstance(data, dict) else {}
+
+    def wrote(self, dest: Path, content: bytes) -> None:
+        self.digests[str(dest)] = _sha256(content)
+
+    def unedited(self, dest: Path, current: bytes) -> bool:
+        return self.digests.get(str(dest)) == _sha256(current)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, (json.dumps(self.digests, indent=1, sort_keys=True) + "\n").encode(), 0o644)
+
+
+def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: bool = False,
+                    shipped: Shipped | None = None) -> Placed:
+    """Write `content` to dest if absent, or over an earlier default nobody edited (shipped says);
+    else keep dest and put `content` beside it as .dist."""
     dist = dest.with_name(dest.name + ".dist")
     if not dest.exists():
         if not dry_run:
             dest.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(dest, content, mode)
+            if shipped is not None:
+                shipped.wrote(dest, content)
         return Placed(dest, "would-create" if dry_run else "created")
-    if dest.read_bytes() == content:
-        if dist.exists() and not dry_run:
-            dist.unlink()  # a stale .dist from an older version would only confuse
+    current = dest.read_bytes()
+    if current == content:
+        if dry_run:
+            return Placed(dest, "unchanged")
+        if shipped is not None:
+            shipped.wrote(dest, content)
+        if dist.exists() and dist.read_bytes() == content:
+            dist.unlink()  # the user took the new default over: the .dist says nothing any more
+            return Placed(dest, "unchanged", dist_removed=True)
         return Placed(dest, "unchanged")
+    if shipped is not None and shipped.unedited(dest, current):
+        if dry_run:
+            return Placed(dest, "would-upgrade")
+        write_atomic(dest, content, mode)
+        shipped.wrote(dest, content)
+        if dist.exists() and dist.read_bytes() == content:
+            dist.unlink()
+        return Placed(dest, "upgraded")
     if dry_run:
         return Placed(dest, "would-keep")
     if not dist.exists() or dist.read_bytes() != content:
@@ -212,9 +269,14 @@ def shipped_profiles(source: Path, *, cpu: bool) -> list[Path]:
 
 
 def place_config(layout: Layout, source: Path, *, cpu: bool, dry_run: bool = False) -> list[Placed]:
-    placed = [place_if_absent(layout.config_file, render_config(layout, source, cpu=cpu), dry_run=dry_run)]
+    shipped = Shipped(layout)
+    placed = [place_if_absent(layout.config_file, render_config(layout, source, cpu=cpu), dry_run=dry_run,
+                              shipped=shipped)]
     for prof in shipped_profiles(source, cpu=cpu):
-        placed.append(place_if_absent(layout.profiles_dir / prof.name, prof.read_bytes(), dry_run=dry_run))
+        placed.append(place_if_absent(layout.profiles_dir / prof.name, prof.read_bytes(), dry_run=dry_run,
+                                      shipped=shipped))
+    if not dry_run:
+        shipped.save()
     return placed
 
 

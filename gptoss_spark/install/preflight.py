@@ -167,11 +167,14 @@ def check_gpu(probes: Probes, allow_unsupported_gpu: bool) -> list[Check]:
     return checks
 
 
-def check_disk(layout: Layout, mode: str, probes: Probes, venv_exists: bool) -> Check:
+def check_disk(layout: Layout, mode: str, probes: Probes, venv_exists: bool, reclaimable: int = 0) -> Check:
+    """reclaimable: bytes of venvs no link names (one kept after an exit 29, say), which the build
+    step removes before it builds: counted as free."""
     need = DISK_GIB[mode]
     venv_need = 0 if venv_exists else need["venv"] * GIB
     state_need = need["state"] * GIB
     venv_free, venv_dev = probes.free_bytes(layout.venvs_dir)
+    venv_free += reclaimable
     state_free, state_dev = probes.free_bytes(layout.state_dir)
     if venv_dev == state_dev:
         wants = [(layout.real(layout.opt_dir), venv_free, venv_need + state_need)]
@@ -182,7 +185,9 @@ def check_disk(layout: Layout, mode: str, probes: Probes, venv_exists: bool) -> 
         if free < needed:
             return Check("disk", False, f"{where} has {free / GIB:.1f} GiB free, the install needs "
                          f"{needed / GIB:.0f} GiB; free some space", EXIT_DISK)
-    return Check("disk", True, ", ".join(f"{w}: {f / GIB:.0f} GiB free" for w, f, _ in wants))
+    counted = f" (counting {reclaimable / GIB:.1f} GiB of versions no link names, removed before the build)" \
+        if reclaimable else ""
+    return Check("disk", True, ", ".join(f"{w}: {f / GIB:.0f} GiB free" for w, f, _ in wants) + counted)
 
 
 def configured_model_dir(layout: Layout, source: Path | None) -> Path | None:
@@ -220,7 +225,7 @@ def check_demo_model(layout: Layout) -> Check:
 
 def run_preflight(layout: Layout, *, cpu: bool, allow_unsupported_gpu: bool, python: str,
                   source: Path | None = None, venv_exists: bool = False,
-                  probes: Probes | None = None) -> PreflightResult:
+                  probes: Probes | None = None, reclaimable: int = 0) -> PreflightResult:
     probes = probes or Probes()
     r = PreflightResult()
     euid = probes.euid()
@@ -240,7 +245,7 @@ def run_preflight(layout: Layout, *, cpu: bool, allow_unsupported_gpu: bool, pyt
             r.checks.append(toolkit.check_toolkit(probes))
             r.checks.append(toolkit.check_compiler(probes))
     r.checks.append(check_python(python, probes))
-    r.checks.append(check_disk(layout, "cpu" if cpu else "spark", probes, venv_exists))
+    r.checks.append(check_disk(layout, "cpu" if cpu else "spark", probes, venv_exists, reclaimable))
     if cpu:
         r.checks.append(check_demo_model(layout))
     else:

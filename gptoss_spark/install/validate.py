@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..base.exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
 from .layout import InstallError, Layout
-from .placement import read_config
+from .placement import Shipped, read_config
 from .venvs import AS_SERVICE, Runner, _config_args, default_runner
 
 
@@ -51,7 +51,19 @@ def validate_version(layout: Layout, venv: Path, source: Path, *, run: Runner = 
     if pdir.is_dir():
         _step(run([gs, "patches", "verify", "--venv", str(venv), "--patches-dir", str(pdir)]) == 0,
               "the new version's vLLM patches do not verify (see above)" + kept, EXIT_PATCHES)
+    fix = ("this version ships them so (no profile here was edited, profiles.d is empty): the new version "
+           "is at fault; keep the running one and report it, or install a fixed version"
+           if only_shipped_profiles(layout) else "fix that profile or wait for a fixed version")
     _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *_config_args(layout),
                *engine_python_override(layout, venv)]) == 0,
           "the new version's vLLM rejects an installed profile's engine arguments (the line above names "
-          "the profile and vLLM's reason); fix that profile or wait for a fixed version" + kept, EXIT_ARGS)
+          f"the profile and vLLM's reason); {fix}" + kept, EXIT_ARGS)
+
+
+def only_shipped_profiles(layout: Layout) -> bool:
+    """True if every profile the service runs is one an install wrote and nobody edited since
+    (.shipped.json), and profiles.d holds none of the admin's own."""
+    shipped = Shipped(layout)
+    ours = sorted(layout.profiles_dir.glob("*.toml")) if layout.profiles_dir.is_dir() else []
+    theirs = sorted(layout.user_profiles_dir.glob("*.toml")) if layout.user_profiles_dir.is_dir() else []
+    return bool(ours) and not theirs and all(shipped.unedited(p, p.read_bytes()) for p in ours)

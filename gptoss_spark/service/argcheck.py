@@ -7,13 +7,20 @@ service's venv, or a new venv an upgrade is about to switch to), because the
 supervisor may run from another interpreter and only that venv's vLLM counts.
 
 What it checks: vLLM's serve parser (flags, types, choices), validate_parsed_serve_args
-and AsyncEngineArgs.from_cli_args. Not create_engine_config: that reads the checkpoint
-and probes the device, which a check next to a serving engine must not do.
+and AsyncEngineArgs.from_cli_args; then, from the checkpoint's config.json and file sizes
+(never its weights), what vLLM's own ModelConfig checks (max-model-len against the model's
+max_position_embeddings, dtype, quantization), the parallel sizes against the model's heads
+(ModelConfig.verify_with_parallel_config) and the memory arithmetic: checkpoint files plus
+--kv-cache-memory-bytes within the profile's memory_gib. Not create_engine_config: that
+probes the device and builds the whole engine config, which a check next to a serving
+engine must not do. What only loading finds out (a KV cache too small for one sequence of
+max-model-len, the device's own limits) is still found by the start and its rollback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -35,6 +42,7 @@ _CHILD = r"""
 import contextlib, io, json, sys
 MARKER = sys.argv[1]
 argvs = json.loads(sys.argv[2])  # one or more argument lists: one vLLM import answers them all
+budgets = json.loads(sys.argv[3]) if len(sys.argv) > 3 else [None] * len(argvs)  # memory_gib of each
 def done(errors):
     print(MARKER + json.dumps({"errors": errors}), flush=True)
     sys.exit(0)
@@ -46,7 +54,38 @@ try:
         from vllm.engine.arg_utils import AsyncEngineArgs
 except Exception as e:
     done([f"cannot import vLLM's parser: {type(e).__name__}: {e}"] * len(argvs))
-def check(args):
+GIB = 1 << 30
+def config_problem(engine_args, memory_gib):
+    # What vLLM's ModelConfig says of the checkpoint's config.json, and the memory arithmetic.
+    import os, types
+    config_path = os.path.join(engine_args.model, "config.json")
+    if not os.path.isfile(config_path):
+        return None  # not a local checkpoint (yet): nothing to read, and no download from a check
+    with open(config_path) as f:
+        if not json.load(f).get("model_type"):
+            return None  # not a transformers model config (a placeholder): vLLM could say nothing useful
+    model_config = engine_args.create_model_config()
+    ep = engine_args
+    parallel = types.SimpleNamespace(
+        enable_hc_sp=getattr(ep, "enable_hc_sp", False), tensor_parallel_size=ep.tensor_parallel_size,
+        pipeline_parallel_size=ep.pipeline_parallel_size, enable_expert_parallel=ep.enable_expert_parallel,
+        decode_context_parallel_size=getattr(ep, "decode_context_parallel_size", 1),
+        world_size_across_dp=ep.tensor_parallel_size * ep.pipeline_parallel_size * ep.data_parallel_size)
+    model_config.verify_with_parallel_config(parallel)
+    if memory_gib is None or not os.path.isdir(model_config.model):
+        return None
+    files = sum(os.path.getsize(os.path.join(model_config.model, f)) for f in os.listdir(model_config.model)
+                if f.endswith((".safetensors", ".bin", ".pt")))
+    tp_pp = ep.tensor_parallel_size * ep.pipeline_parallel_size
+    per_node = files / max(1, min(tp_pp, 2))  # a Spark pair splits the weights over two nodes at most
+    kv = ep.kv_cache_memory_bytes or 0
+    if per_node + kv > memory_gib * GIB:
+        what = f"the checkpoint's weights ({per_node / GIB:.2f} GiB per node)" + (
+            f" plus --kv-cache-memory-bytes ({kv / GIB:.2f} GiB)" if kv else "")
+        return (f"{what} exceed the profile's memory_gib = {memory_gib:g}: raise memory_gib (if the host has it) "
+                f"or lower --kv-cache-memory-bytes")
+    return None
+def check(args, memory_gib=None):
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm"))
     err.seek(0)
     err.truncate()
@@ -59,11 +98,19 @@ def check(args):
         return lines[-1][len("vllm: error:"):].strip() if lines else err.getvalue().strip()[-300:]
     try:
         validate_parsed_serve_args(ns)
-        AsyncEngineArgs.from_cli_args(ns)
+        engine_args = AsyncEngineArgs.from_cli_args(ns)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
-    return None
-done([check(a) for a in argvs])
+    try:
+        with contextlib.redirect_stderr(err):
+            return config_problem(engine_args, memory_gib)
+    except Exception as e:
+        # pydantic's ValidationError: "1 validation error for ModelConfig\n  Value error, <what>"
+        text = str(e)
+        if "Value error, " in text:
+            text = text.split("Value error, ", 1)[1]
+        return f"{type(e).__name__}: {text}"
+done([check(a, m) for a, m in zip(argvs, budgets)])
 """
 
 
@@ -95,18 +142,21 @@ def one_line(text: str, limit: int = 400) -> str:
 
 
 async def vllm_rejects(python: str, args: list[str], env: dict[str, str] | None = None,
-                       timeout: float = DEFAULT_TIMEOUT) -> str | None:
+                       timeout: float = DEFAULT_TIMEOUT, memory_gib: float | None = None) -> str | None:
     """None if `python`'s vLLM accepts `args` (vLLM's arguments, without the entry module);
-    else vLLM's one meaningful error line. Raises ArgCheckUnavailable if no answer came."""
-    return (await vllm_rejects_many(python, [args], env, timeout))[0]
+    else vLLM's one meaningful error line. Raises ArgCheckUnavailable if no answer came.
+    memory_gib: the profile's budget, for the memory arithmetic (None: not checked)."""
+    return (await vllm_rejects_many(python, [args], env, timeout, [memory_gib]))[0]
 
 
 async def vllm_rejects_many(python: str, argvs: list[list[str]], env: dict[str, str] | None = None,
-                            timeout: float = DEFAULT_TIMEOUT) -> list[str | None]:
+                            timeout: float = DEFAULT_TIMEOUT,
+                            budgets: list[float | None] | None = None) -> list[str | None]:
     """vllm_rejects for several argument lists, in one child (one vLLM import)."""
+    budgets = budgets if budgets is not None else [None] * len(argvs)
     try:
         proc = await asyncio.create_subprocess_exec(
-            python, "-c", _CHILD, MARKER, json.dumps(argvs), env=dict(os.environ if env is None else env),
+            python, "-c", _CHILD, MARKER, json.dumps(argvs), json.dumps(budgets), env=dict(os.environ if env is None else env),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     except OSError as e:
         raise ArgCheckUnavailable(f"cannot run {python}: {e}") from None
@@ -129,15 +179,72 @@ async def vllm_rejects_many(python: str, argvs: list[list[str]], env: dict[str, 
     raise ArgCheckUnavailable(f"the parser check in {python} ended without an answer: {one_line(tail[0])}")
 
 
+CACHE_FILE = "argcheck-accepted.json"
+CACHE_ENTRIES = 32
+
+
+def accepted_key(python: str, args: list[str], env: dict[str, str], memory_gib: float, tmp: str) -> str | None:
+    """What an accepted check depends on, hashed: the venv (its bin directory resolved: each install
+    is its own venv), vLLM's arguments, the environment (minus the check's own temporary paths and
+    MAX_JOBS),
+    the memory budget, and the checkpoint's config.json and file sizes that the config check reads.
+    None when the checkpoint cannot be read (no caching then)."""
+    model = args[args.index("--model") + 1] if "--model" in args[:-1] else None
+    checkpoint: list[object] = []
+    if model and os.path.isdir(model):
+        try:
+            config = Path(model, "config.json")
+            checkpoint = [hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None,
+                          sorted((e.name, e.stat().st_size) for e in os.scandir(model) if e.is_file())]
+        except OSError:
+            return None
+    venv_bin = str(Path(python).parent.resolve())
+    # MAX_JOBS follows MemAvailable at the moment (a JIT's build parallelism, nothing vLLM's parser reads).
+    stable_env = sorted((k, v) for k, v in env.items() if tmp not in v and k != "MAX_JOBS")
+    blob = json.dumps([venv_bin, Path(python).name, args, stable_env, memory_gib, model, checkpoint])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_accepted(path: Path) -> list[str]:
+    try:
+        keys = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
+
+
+def _remember_accepted(path: Path, key: str) -> None:
+    """Best effort: a cache that cannot be written only costs the next check its seconds."""
+    keys = [k for k in _read_accepted(path) if k != key] + [key]
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(keys[-CACHE_ENTRIES:]))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 async def profile_rejects(settings: "Settings", profile: "Profile", timeout: float = DEFAULT_TIMEOUT) -> str | None:
-    """vllm_rejects for the argv and environment the supervisor would start `profile` with."""
+    """vllm_rejects for the argv and environment the supervisor would start `profile` with.
+
+    An accepted answer is remembered in the state dir (CACHE_FILE) under accepted_key: the same
+    argv under the same venv and checkpoint is not asked again (a reload of an unchanged profile
+    skips the vLLM import, several seconds of a core). A rejection is always asked anew."""
     from .engine import build_argv, build_env  # engine imports the heavier FlashInfer cache helpers
 
     python, args = split_engine_argv(build_argv(settings, profile))
+    python = python or sys.executable
+    cache = settings.paths.state_dir / CACHE_FILE
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         env = build_env(settings, profile, Path(tmp))
         env.pop("VLLM_API_KEY", None)  # the parser has no use for it
-        return await vllm_rejects(python or sys.executable, args, env, timeout)
+        key = accepted_key(python, args, env, profile.memory_gib, tmp)
+        if key is not None and key in _read_accepted(cache):
+            return None
+        rejection = await vllm_rejects(python, args, env, timeout, profile.memory_gib)
+    if rejection is None and key is not None:
+        _remember_accepted(cache, key)
+    return rejection
 
 
 async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]", timeout: float = DEFAULT_TIMEOUT,
@@ -163,7 +270,8 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
         async def one(python: str, env: dict[str, str], items: list[tuple[str, list[str]]]):
             async with gate:
                 try:
-                    errors = await vllm_rejects_many(python, [a for _, a in items], env, timeout)
+                    errors = await vllm_rejects_many(python, [a for _, a in items], env, timeout,
+                                                     [profiles[n].memory_gib for n, _ in items])
                 except ArgCheckUnavailable as e:
                     return {n: ("unchecked", one_line(str(e))) for n, _ in items}
             return {n: (("rejected", e) if e else ("ok", None)) for (n, _), e in zip(items, errors)}

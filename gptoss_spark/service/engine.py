@@ -138,6 +138,18 @@ def flashinfer_env(settings: Settings, profile: Profile, environ: dict[str, str]
 
 def _session_members(sid: int) -> list[int]:
     """Live (non-zombie) processes whose session id is sid: the engine and every child it made."""
+    return [pid for pid, _ in _session_states(sid)]
+
+
+def stopped_members(sid: int) -> list[int]:
+    """Members of session sid stopped by a signal (SIGSTOP, SIGTSTP: state T) or a tracer (t).
+
+    SIGTERM stays pending at a stopped process: it cannot shut down, so waiting a grace for it is waste."""
+    return [pid for pid, state in _session_states(sid) if state in ("T", "t")]
+
+
+def _session_states(sid: int) -> list[tuple[int, str]]:
+    """(pid, state letter of /proc/PID/stat) of the live (non-zombie) members of session sid."""
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -152,7 +164,7 @@ def _session_members(sid: int) -> list[int]:
         if rest[0] == b"Z":
             continue
         if int(rest[3]) == sid:
-            members.append(int(entry))
+            members.append((int(entry), rest[0].decode()))
     return members
 
 
@@ -177,6 +189,9 @@ class EngineProcess:
         self.census = CacheCensus(self.cache_dirs(settings))
         self.census_before: dict[str, set[str]] = {}
         self._pump: asyncio.Task[None] | None = None
+        # Set by stop(): what the engine logs from then on is the shutdown we asked for (its
+        # EngineDeadError traceback, nanobind's leak report), not an error of the service.
+        self.stop_requested = False
 
     @property
     def pid(self) -> int | None:
@@ -229,7 +244,10 @@ class EngineProcess:
                 self.tail.append(line)
                 self.startup.feed(line)
                 level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
-                getattr(engine_log, level)(line, pid=pid, profile=self.profile.name)
+                shown = level
+                if self.stop_requested and level in ("error", "critical"):
+                    shown = "info"  # the engine's complaint about the stop we asked for
+                getattr(engine_log, shown)(line, pid=pid, profile=self.profile.name)
 
     @staticmethod
     def cache_dirs(settings: Settings) -> dict[str, Path]:
@@ -280,7 +298,12 @@ class EngineProcess:
         grace = self.settings.timeouts.shutdown_grace if grace is None else grace
         t0 = time.monotonic()
         sid = self.proc.pid
-        if self.proc.returncode is None:
+        self.stop_requested = True
+        if self.proc.returncode is None and (stopped := stopped_members(sid)):
+            # A wedged (SIGSTOPped) engine: a SIGTERM would wait, pending, for the whole grace.
+            log.warning("engine processes are stopped (SIGSTOP), killing them without the grace",
+                        pid=sid, stopped=" ".join(map(str, stopped)))
+        elif self.proc.returncode is None:
             self._signal_group(sid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.exited(), grace)

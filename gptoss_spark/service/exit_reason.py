@@ -36,12 +36,17 @@ _SYS_HINT = (f"; a system call blocked by the unit's SystemCallFilter ({SYSCALL_
              "`journalctl -k | grep type=1326` names it (syscall=N); turn the filter off: " + SYSCALL_FILTER_OFF)
 
 
-def telling_lines(lines: Iterable[str], n: int = 3) -> list[str]:
-    """The last n lines that say something: error lines if there are any, else the last
-    lines that are not access-log entries."""
+# One shown line at most this long: a reason is read in `systemctl status` and a webhook.
+LINE_LIMIT = 200
+
+
+def telling_lines(lines: Iterable[str], n: int = 3, errors_only: bool = False) -> list[str]:
+    """The last n lines that say something: error lines if there are any, else (unless errors_only)
+    the last lines that are not access-log entries. Each cut to LINE_LIMIT characters."""
     useful = [ln for ln in lines if ln.strip() and not _ACCESS_LOG.search(ln)]
     errors = [ln for ln in useful if _ERRORISH.search(ln)]
-    return (errors or useful)[-n:]
+    shown = (errors or ([] if errors_only else useful))[-n:]
+    return [ln if len(ln) <= LINE_LIMIT else ln[:LINE_LIMIT - 3] + "..." for ln in shown]
 
 
 def failure_signature(reason: str) -> str:
@@ -62,5 +67,7 @@ def describe_exit(returncode: int, output: Iterable[str] = (), when: str = "") -
         what = f"engine killed by {name} (signal {num}){when}" + {signal.SIGKILL: _KILL_HINT, signal.SIGSYS: _SYS_HINT}.get(num, "")
     else:
         what = f"engine exited with code {returncode}{when}"
-    shown = telling_lines(output)
+    # A signal comes from outside: what the engine logged last (start-up, throughput) does not
+    # explain it, only an error it logged on the way might.
+    shown = telling_lines(output, errors_only=returncode < 0)
     return f"{what}: {' | '.join(shown)}" if shown else what

@@ -920,4 +920,7 @@ class Supervisor:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
         self.telemetry.journal(t.new.value)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
-        self.notifier.status(line[:200])
+        if t.new in (State.BACKOFF, State.FAILED):
+            self.notifier.reload_over(line[:200])  # STATUS; a reload that ends here failed: systemd hears it is over
+        else:
+            self.notifier.status(line[:200])

@@ -18,6 +18,9 @@ class Notifier:
         path = socket_path if socket_path is not None else os.environ.pop("NOTIFY_SOCKET", None)
         self.enabled = bool(path)
         self._n: sdnotify.SystemdNotifier | None = None
+        # RELOADING=1 sent and no READY=1 since: systemd keeps the unit (and a `systemctl reload` job)
+        # in "reloading" until READY=1 comes (systemd 252 too, once ExecReload has exited).
+        self.reload_open = False
         if path:
             # sdnotify reads NOTIFY_SOCKET at construction; give it ours just for that moment.
             saved = os.environ.get("NOTIFY_SOCKET")
@@ -35,11 +38,24 @@ class Notifier:
             self._n.notify("\n".join(lines))
 
     def ready(self, status: str) -> None:
+        self.reload_open = False
         self.send("READY=1", f"STATUS={status}")
+
+    def reload_over(self, status: str) -> None:
+        """STATUS; and the end of systemd's "reloading" after a restart that did not get ready.
+
+        READY=1 is sd_notify's only way to say a reload is over; STATUS says how it went. Sent
+        before the restart's operation is seen to fail, so ExecReload (`gptoss-spark restart`)
+        exits 1 after it and systemd fails the reload job instead of waiting TimeoutStartSec."""
+        if self.reload_open:
+            self.ready(status)
+        else:
+            self.status(status)
 
     def reloading(self, status: str) -> None:
         # systemd >= 253 wants MONOTONIC_USEC with RELOADING=1 (Type=notify-reload); harmless before.
         usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+        self.reload_open = True
         self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", f"STATUS={status}")
 
     def stopping(self, status: str) -> None:

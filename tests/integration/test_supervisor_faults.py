@@ -309,3 +309,39 @@ def test_kill9_leaves_ready_at_once_and_the_reason_names_the_signal(tmp_path):
         assert "journalctl -k" in h.sup.last_error
         assert await h.stop() == EXIT_OK
     run(scenario())
+
+
+def test_a_restart_that_cannot_get_ready_ends_systemds_reload(tmp_path):
+    """RELOADING=1 keeps systemd's reload job open until READY=1: a restart whose engine fails must
+    still send it (with a STATUS that says so) before its operation is seen to fail, or
+    `systemctl reload` hangs until TimeoutStartSec."""
+    async def scenario():
+        s = make_settings(tmp_path, {"good": ""}, restart={"backoff_initial": 5, "backoff_max": 5})
+        h = Harness(tmp_path, s)
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        profile = tmp_path / "profiles" / "good.toml"
+        profile.write_text(profile.read_text().replace('FAKE_ENGINE_MODE = ""', 'FAKE_ENGINE_MODE = "crash_on_load"'))
+        op = h.sup.request_restart()
+        await asyncio.wait_for(op.done.wait(), 20)
+        assert op.status == OpStatus.FAILED and "engine exited with code 1 while loading" in op.error
+        assert h.sup.state == State.BACKOFF
+        reloading = await asyncio.to_thread(h.notify.wait_for, "RELOADING", "1", timeout=5)
+        over = await asyncio.to_thread(h.notify.wait_for, "READY", "1", after=reloading.at, timeout=5)
+        assert over.fields["STATUS"].startswith("backoff: profile good (retry in 5 s: engine exited with code 1"), over
+        assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_a_sigstopped_engine_is_killed_without_waiting_the_grace(tmp_path):
+    """SIGTERM stays pending at a stopped process: the stop kills it at once instead of waiting
+    shutdown_grace (60 s here; h.stop() gives up after 20)."""
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": "child"}, timeouts={"shutdown_grace": 60}))
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        engine = h.sup.engine
+        os.kill(engine.pid, signal.SIGSTOP)
+        assert await h.stop() == EXIT_OK  # also asserts no member of its session is left
+        assert engine.returncode == -signal.SIGKILL
+    run(scenario())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import sys
 import threading
@@ -138,6 +139,18 @@ def test_profile_lists_and_marks_the_active_one(service, config, capsys):
     assert out[2].split()[0] == "demo-b"
 
 
+def test_a_profile_file_added_while_running_is_listed_without_a_reload(service, config, capsys):
+    service.do(lambda: make_ready(service.sup))
+    profiles = config.parent / "profiles"
+    (profiles / "demo-c.toml").write_text('description = "added while running"\n')
+    assert cli.main(["profile", "--config", str(config)]) == 0
+    assert [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:]] == ["*", "demo-b", "demo-c"]
+    (profiles / "broken.toml").write_text("description = \n")
+    assert cli.main(["profile", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "a profile file is broken (listed: the profiles loaded before): " in out and "broken.toml" in out, out
+
+
 def test_profile_switch_no_wait_queues_it(service, config, capsys):
     service.do(lambda: make_ready(service.sup))
     assert cli.main(["profile", "demo-b", "--no-wait", "--config", str(config)]) == 0
@@ -155,14 +168,22 @@ def test_profile_switch_waits_and_reports_a_failure_with_its_rollback(service, c
                 await asyncio.sleep(0.02)
             op = service.sup._pending.op
             op.rolled_back_to = "demo"
+            sm = service.sup.sm
+            sm.to(State.DRAINING, "test", "demo-b")
+            sm.to(State.STOPPING, "test", "demo-b")
+            sm.to(State.STARTING, "rollback", "demo")
             op.finish(False, "profile demo-b failed: engine exited with code 2; rolled back to demo")
+            await asyncio.sleep(1.5)  # the rollback's engine loads; the CLI keeps waiting for it
+            sm.to(State.LOADING, "test", "demo")
+            sm.to(State.READY, "test", "demo")
         return asyncio.ensure_future(go())
 
     service.do(fail_it_when_queued)
     assert cli.main(["profile", "demo-b", "--config", str(config)]) == 1
     err = capsys.readouterr().err
     assert "switch to demo-b FAILED: profile demo-b failed: engine exited with code 2" in err
-    assert "rolled back to demo" in err
+    assert "rolled back to demo: it is starting again" in err
+    assert re.search(r"^demo serves again, \d+ s after the switch began$", err, re.M), err
 
 
 def test_switch_to_the_active_profile_is_a_noop(service, config, capsys):

@@ -89,3 +89,67 @@ def test_profiles_sharing_an_environment_share_one_child(tmp_path):
     assert got["a"] == ("ok", None) and got["b"] == ("rejected", "unrecognized arguments: --bad"), got
     assert got["c"][0] == "unchecked" and "PluginError" in got["c"][1], got
     assert calls.read_text() == "xx" and MARKER
+
+
+def test_what_the_checkpoints_config_json_rules_out_is_refused_without_loading_weights(demo_model_dir):
+    """vLLM's own ModelConfig on the checkpoint's config.json (the demo model: 4 heads, 131072
+    positions, ~50 MB of weights) and the memory arithmetic against the profile's memory_gib.
+    A model directory without config.json (not downloaded yet) leaves these checks out."""
+    base = ["--model", str(demo_model_dir), "--dtype", "bfloat16"]
+    got = asyncio.run(vllm_rejects_many(sys.executable, [
+        [*base, "--max-model-len", "1024"],
+        [*base, "--max-model-len", "1000000"],
+        [*base, "--tensor-parallel-size", "3"],
+        [*base, "--kv-cache-memory-bytes", "4G"],
+        ["--model", "/nonexistent/model", "--max-model-len", "1000000"],
+    ], budgets=[3, 3, 3, 3, 3]))
+    assert got[0] is None and got[4] is None, got
+    assert got[1].startswith("ValidationError: User-specified max_model_len (1000000) is greater than the derived "
+                             "max_model_len (max_position_embeddings=131072"), got[1]
+    assert got[2] == "ValueError: Total number of attention heads (4) must be divisible by tensor parallel size (3).", got[2]
+    assert got[3].startswith("the checkpoint's weights (0."), got[3]
+    assert "plus --kv-cache-memory-bytes (4.00 GiB) exceed the profile's memory_gib = 3" in got[3], got[3]
+
+
+def test_an_accepted_argv_is_not_asked_again_under_the_same_venv_and_checkpoint(tmp_path):
+    """profile_rejects (before a switch or restart) remembers accepted answers by argv + venv +
+    checkpoint: a reload of an unchanged profile runs no vLLM import; a changed argument, or a
+    changed config.json, asks again; a rejection is never remembered. A stand-in interpreter
+    answers as the child would and counts its calls."""
+    from gptoss_spark.service.argcheck import profile_rejects
+    from gptoss_spark.service.config import load_settings
+    from gptoss_spark.service.profiles import load_profiles
+
+    calls = tmp_path / "calls"
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    fake = venv / "python"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import json, sys\n"
+                    f"open({str(calls)!r}, 'a').write('x')\n"
+                    "argvs = json.loads(sys.argv[4])\n"
+                    "print(sys.argv[3] + json.dumps({'errors': ['unrecognized arguments: --bad' if '--bad' in a "
+                    "else None for a in argvs]}))\n")
+    fake.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}')
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'default_profile = "a"\n[engine]\npython = "{fake}"\n[model]\ndir = "{model}"\n'
+                   f'[paths]\nstate_dir = "{tmp_path / "state"}"\nprofile_dirs = ["{pdir}"]\n')
+    (tmp_path / "state").mkdir()
+    settings = load_settings(cfg)
+
+    def check(args: str) -> str | None:
+        (pdir / "a.toml").write_text(f'description = "a"\nmemory_gib = 1\n[engine]\nargs = {args}\n')
+        return asyncio.run(profile_rejects(settings, load_profiles(settings)["a"]))
+
+    assert check('["--max-num-seqs", "4"]') is None and calls.read_text() == "x"
+    assert check('["--max-num-seqs", "4"]') is None and calls.read_text() == "x"      # remembered
+    assert check('["--max-num-seqs", "8"]') is None and calls.read_text() == "xx"     # another argv
+    (model / "config.json").write_text('{"max_position_embeddings": 8192}')
+    assert check('["--max-num-seqs", "4"]') is None and calls.read_text() == "xxx"    # another checkpoint
+    assert check('["--bad"]') == "unrecognized arguments: --bad"
+    assert check('["--bad"]') == "unrecognized arguments: --bad" and calls.read_text() == "xxxxx"  # asked again

@@ -123,3 +123,17 @@ def test_payload_completions_uses_text_and_no_reasoning_effort():
     p = build_payload(spec, PROMPT, max_tokens=4)
     assert p["prompt"] == "hi" and "messages" not in p and "reasoning_effort" not in p
     assert p["ignore_eos"] is True and p["max_tokens"] == 4
+
+
+def test_the_connect_timeout_is_the_users_timeout_the_error_names():
+    """A load test against an engine busy on one core: a late accept is bounded by --timeout (which the
+    timeout error tells the user to raise), not by a fixed 10 s."""
+    import asyncio
+
+    from gptoss_spark.bench.single import http_client
+
+    async def timeouts():
+        async with http_client(42.0) as client:
+            return client.timeout
+    t = asyncio.run(timeouts())
+    assert (t.connect, t.read) == (42.0, 42.0)

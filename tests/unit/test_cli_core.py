@@ -11,7 +11,7 @@ import pytest
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gptoss_spark.cli", *args], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=300)
 
 
 def settings(tmp: Path, model_exists: bool = True, extra: str = "", profile: str = 'description = "p"\n') -> Path:
@@ -44,6 +44,17 @@ def test_check_refuses_an_engine_argument_vllm_rejects_in_one_line(tmp_path):
                                "vLLM rejects profile plain's engine arguments: unrecognized arguments: "
                                "--no-such-engine-flag; "), r.stderr
     assert "usage" not in r.stderr and "  " not in r.stderr
+
+
+def test_check_covers_every_profile_not_only_the_active_one(tmp_path):
+    pytest.importorskip("vllm")
+    cfg = settings(tmp_path)
+    (tmp_path / "profiles" / "other.toml").write_text('description = "o"\n[engine]\nargs = ["--no-such-flag"]\n')
+    r = cli("check", "--config", str(cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith(f"gptoss-spark: error: {tmp_path}/profiles/other.toml: engine.args: vLLM rejects "
+                               "profile other's engine arguments: unrecognized arguments: --no-such-flag"), r.stderr
+    assert cli("check", "--config", str(cfg), "--profile", "plain").returncode == 0  # one named: that one alone
 
 
 def test_check_missing_checkpoint_exit_3(tmp_path):

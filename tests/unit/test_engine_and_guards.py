@@ -123,3 +123,43 @@ def test_prometheus_sums_over_labels():
                                         "vllm:num_requests_waiting"))
     assert sums == {"vllm:num_requests_running": 3.0, "vllm:generation_tokens_total": 1500.0,
                     "vllm:num_requests_waiting": 4.0}
+
+
+def test_what_the_engine_logs_after_a_stop_we_asked_for_is_not_an_error(tmp_path):
+    """A process that, like vLLM, logs an ERROR traceback and nanobind's leak lines when told to stop:
+    after our SIGTERM those lines are info; the same lines before any stop keep their level."""
+    import asyncio
+    import sys
+
+    from structlog.testing import capture_logs
+
+    from gptoss_spark.service.engine import EngineProcess
+
+    script = ("import signal, sys, time\n"
+              "def bye(*_):\n"
+              "    print('ERROR 12-03 10:00:00 [async_llm.py:1] AsyncLLM output_handler failed.', flush=True)\n"
+              "    print('vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.', flush=True)\n"
+              "    print('nanobind: leaked 3 instances!', flush=True)\n"
+              "    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, bye)\n"
+              "print('ERROR 12-03 09:59:59 [x.py:1] a real error while serving', flush=True)\n"
+              "time.sleep(60)\n")
+    s = Settings.model_validate({"model": {"dir": str(tmp_path)}, "paths": {"state_dir": str(tmp_path / "state")},
+                                 "timeouts": {"shutdown_grace": 10}})
+
+    async def scenario():
+        engine = EngineProcess(s, profile(), argv=[sys.executable, "-c", script], env=dict(os.environ))
+        await engine.start()
+        for _ in range(200):
+            if engine.tail:
+                break
+            await asyncio.sleep(0.05)
+        await engine.stop()
+        await engine.output_settled()
+
+    with capture_logs() as logs:
+        asyncio.run(scenario())
+    levels = {e["event"]: e["log_level"] for e in logs if e.get("pid") and "event" in e}
+    assert levels["ERROR 12-03 09:59:59 [x.py:1] a real error while serving"] == "error"
+    assert levels["ERROR 12-03 10:00:00 [async_llm.py:1] AsyncLLM output_handler failed."] == "info"
+    assert levels["nanobind: leaked 3 instances!"] == "info"

@@ -16,7 +16,18 @@ def test_sigkill_is_named_with_the_oom_hint_and_no_probe_noise():
     assert r.startswith("engine killed by SIGKILL (signal 9)")
     assert "journalctl -k" in r and "OOM" in r
     assert "HTTP/1.1" not in r
-    assert r.endswith(": INFO 12-01 engine started")
+    # The engine's last ordinary lines do not explain a signal from outside: not shown.
+    assert r.endswith("for the kernel's OOM killer"), r
+
+
+def test_a_signal_keeps_only_the_error_lines_that_explain_it():
+    out = ["INFO 12-01 10:00:00 [api_server.py:1] Starting vLLM API server on http://127.0.0.1:8100",
+           "INFO 12-01 10:00:10 [loggers.py:1] Engine 000: Avg prompt throughput: 12.0 tokens/s, " + "x" * 300,
+           "ERROR 12-01 10:00:11 [core.py:1] EngineCore hit an exception: " + "y" * 400]
+    r = describe_exit(-6, out)
+    assert r.startswith("engine killed by SIGABRT (signal 6): ERROR 12-01 10:00:11 [core.py:1] EngineCore hit")
+    assert "throughput" not in r and "Starting vLLM" not in r
+    assert len(r) < 260 and r.endswith("..."), r  # one line, cut
 
 
 def test_other_signals_are_named_without_the_oom_hint():

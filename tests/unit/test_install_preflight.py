@@ -43,9 +43,9 @@ def probes(**kw) -> Probes:
     return Probes(**base)
 
 
-def pf(tmp_path: Path, *, cpu=False, allow=False, venv_exists=False, **kw):
+def pf(tmp_path: Path, *, cpu=False, allow=False, venv_exists=False, reclaimable=0, **kw):
     return run_preflight(Layout(root=tmp_path), cpu=cpu, allow_unsupported_gpu=allow, python="/usr/bin/python3",
-                         source=None, venv_exists=venv_exists, probes=probes(**kw))
+                         source=None, venv_exists=venv_exists, probes=probes(**kw), reclaimable=reclaimable)
 
 
 def test_spark_passes(tmp_path):
@@ -129,6 +129,13 @@ def test_cpu_mode_needs_less_disk(tmp_path):
 
 def test_rerun_with_venv_present_needs_no_venv_space(tmp_path):
     assert pf(tmp_path, venv_exists=True, free_bytes=lambda p: (12 * GIB, 1)).exit_code == 0
+
+
+def test_versions_no_link_names_count_as_free(tmp_path):
+    """A venv kept after an exit 29 is removed by the build step before it builds: the disk check counts it."""
+    assert pf(tmp_path, cpu=True, free_bytes=lambda p: (2 * GIB, 1)).exit_code == codes.EXIT_DISK
+    r = pf(tmp_path, cpu=True, free_bytes=lambda p: (2 * GIB, 1), reclaimable=10 * GIB)
+    assert r.exit_code == 0 and "counting 10.0 GiB of versions no link names" in r.render()
 
 
 def test_disk_on_separate_filesystems(tmp_path):

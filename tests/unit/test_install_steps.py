@@ -403,11 +403,31 @@ def test_config_written_only_if_absent_with_dist_beside(lay, src):
     assert ".dist" in placed[0].line(lay)
 
 
-def test_stale_dist_removed_when_user_file_matches(lay, src):
+def test_a_dist_is_removed_only_when_the_file_equals_it_and_that_is_said(lay, src):
     placement.place_config(lay, src, cpu=False)
-    Path(str(lay.config_file) + ".dist").write_text("old default\n")
+    dist = Path(str(lay.config_file) + ".dist")
+    dist.write_text("an older default\n")
+    placed = placement.place_config(lay, src, cpu=False)
+    assert dist.exists() and not placed[0].dist_removed  # it says something the file does not: kept
+    dist.write_bytes(lay.config_file.read_bytes())
+    placed = placement.place_config(lay, src, cpu=False)
+    assert not dist.exists() and "removed" in placed[0].line(lay) and ".dist" in placed[0].line(lay)
+
+
+def test_an_earlier_default_nobody_edited_is_upgraded_an_edited_one_kept(lay, src):
     placement.place_config(lay, src, cpu=False)
-    assert not Path(str(lay.config_file) + ".dist").exists()
+    prof = lay.profiles_dir / "plain.toml"
+    shipped_before = prof.read_bytes()
+    (src / "etc" / "profiles" / "plain.toml").write_text("[engine]\nargs = [\"--max-num-seqs\", \"8\"]\n")
+    placed = placement.place_config(lay, src, cpu=False)
+    assert [p.action for p in placed] == ["unchanged", "upgraded"], placed
+    assert b'"8"' in prof.read_bytes() and not Path(str(prof) + ".dist").exists()
+    assert "never edited" in placed[1].line(lay)
+    prof.write_text(prof.read_text() + "# mine\n")  # edited now: the next default goes beside it
+    (src / "etc" / "profiles" / "plain.toml").write_bytes(shipped_before)
+    placed = placement.place_config(lay, src, cpu=False)
+    assert placed[1].action == "kept" and prof.read_text().endswith("# mine\n")
+    assert Path(str(prof) + ".dist").read_bytes() == shipped_before
 
 
 def test_cpu_config_is_the_demo(lay, src):
@@ -567,6 +587,22 @@ def test_validate_refuses_with_its_exit_code(lay, src):
         validate.validate_version(lay, lay.venvs_dir / "a", src,
                                   run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
     assert e.value.exit_code == codes.EXIT_ARGS and "nothing was changed" in str(e.value)
+    assert "fix that profile" in str(e.value)  # no shipped profiles recorded here: it may be the admin's
+
+
+def test_validate_blames_the_new_version_when_only_its_own_unedited_profiles_are_installed(lay, src):
+    fake_venv(lay, "a")
+    placement.place_config(lay, src, cpu=False)  # profiles/ as shipped, recorded; profiles.d empty
+
+    def refuse():
+        with pytest.raises(InstallError) as e:
+            validate.validate_version(lay, lay.venvs_dir / "a", src,
+                                      run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
+        return str(e.value)
+    assert "the new version is at fault" in refuse()
+    lay.user_profiles_dir.mkdir(parents=True, exist_ok=True)
+    (lay.user_profiles_dir / "mine.toml").write_text("[engine]\nargs = []\n")
+    assert "fix that profile" in refuse()
 
 
 def test_validate_keeps_an_engine_python_of_the_admins_own(lay, src):
@@ -682,3 +718,50 @@ def test_uninstall_hands_kept_files_to_root_before_the_user_goes(lay, src):
             assert (st.st_uid, st.st_gid) == (0, 0), p
     assert stat.S_IMODE(lay.token_file.stat().st_mode) == 0o600
     assert (lay.state_dir / "state.json").read_text() == "{}"  # kept, only the owner changed
+
+
+def test_pips_temporary_files_live_under_the_build_dir_and_go_even_on_sighup(lay, src):
+    """pip's TMPDIR is <opt>/build/tmp while it runs, not /tmp; a SIGHUP during pip ends the build
+    with a line that names it, and leaves neither the half-built venv nor pip's files."""
+    import os
+    import signal
+
+    seen = []
+
+    class HangupDuringPip(FakeRunner):
+        def __call__(self, argv) -> int:
+            rc = super().__call__(argv)
+            if "pip" in [str(a) for a in argv] and "install" in [str(a) for a in argv]:
+                seen.append(os.environ["TMPDIR"])
+                Path(os.environ["TMPDIR"], "pip-unpack-123").mkdir()
+                os.kill(os.getpid(), signal.SIGHUP)
+            return rc
+
+    p = plan(lay, src)
+    with pytest.raises(SystemExit, match="interrupted by SIGHUP.*Run install.sh again"):
+        venvs.build_venv(p, run=HangupDuringPip(), log=lambda s: None)
+    assert seen == [str(lay.build_dir / "tmp")]
+    assert not (lay.build_dir / "tmp").exists() and not p.venv.exists()
+    assert os.environ.get("TMPDIR") != seen[0] and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+
+
+def test_pip_output_goes_to_the_log_with_progress_and_errors_on_the_terminal(tmp_path):
+    """run_pip: warnings only in the log; a progress line per PIP_PROGRESS_EVERY packages; pip's
+    ERROR lines on stderr as they come; on failure its last lines and where the full log is."""
+    import io
+
+    script = ("import sys\n"
+              "for i in range(30):\n    print(f'Collecting pkg{i}==1.0')\n"
+              "    print('WARNING: Running pip as the root user can result in broken permissions')\n"
+              "print('ERROR: Could not find a version that satisfies the requirement nope==9')\n"
+              "print('ERROR: No matching distribution found for nope==9')\nsys.exit(1)\n")
+    log = tmp_path / "install.log"
+    out, err = io.StringIO(), io.StringIO()
+    rc = venvs.run_pip([sys.executable, "-c", script], None, str(log), out=out, err=err)
+    assert rc == 1
+    assert out.getvalue() == "    pip: 25 packages so far\n"
+    e = err.getvalue()
+    assert "    ERROR: Could not find a version that satisfies the requirement nope==9\n" in e
+    assert "WARNING" not in out.getvalue() + e and f"its full output: {log}" in e
+    text = log.read_text()
+    assert text.count("WARNING: Running pip as the root user") == 30 and text.count("Collecting pkg") == 30
