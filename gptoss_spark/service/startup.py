@@ -87,8 +87,9 @@ class CompileEvent:
 class CacheCensus:
     """Entries of the kernel caches, to tell what a start added (Triton logs nothing when it compiles).
 
-    Counts the directories two levels down (Triton: <cache>/<hash>/; vLLM: torch_compile_cache/<hash>/...;
-    FlashInfer: the built .so files; ours: the exported .o files). Cheap: a few hundred entries."""
+    Counts Triton's kernel directories (<cache>/<hash>/), the files under vLLM's cache root but its
+    model-info cache (modelinfos/, written at a model's first load: no kernel) and vLLM's own Inductor
+    scratch, FlashInfer's built .so files and our exported .o files. Cheap: a few hundred entries."""
 
     def __init__(self, dirs: dict[str, Path]):
         self.dirs = dirs
@@ -104,9 +105,9 @@ class CacheCensus:
                     entries = {str(p.relative_to(d)) for p in d.rglob("*.so")}
                 elif name == "cute-dsl":
                     entries = {p.name for p in d.glob("*.o")}
-                else:
+                else:  # vLLM's: compile artifacts, autotune results; not its model-info cache
                     entries = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()
-                               and "inductor_cache" not in p.parts}
+                               and "inductor_cache" not in p.parts and "modelinfos" not in p.parts}
             except OSError:
                 pass
             out[name] = entries

@@ -112,6 +112,8 @@ def test_census_counts_what_a_start_added(tmp_path):
     (dirs["vllm"] / "torch_compile_cache" / "h" / "inductor_cache" / "x.py").write_text("")  # vLLM's own temp
     (dirs["vllm"] / "torch_compile_cache" / "h" / "cache_key_factors.json").write_text("{}")
     (dirs["cute-dsl"] / "k.o").write_text("")
+    (dirs["vllm"] / "modelinfos").mkdir()  # vLLM's model-info cache, written at a first load: no kernel
+    (dirs["vllm"] / "modelinfos" / "gpt_oss.json").write_text("{}")
     assert CacheCensus.added(before, census.snapshot()) == {"triton": 2, "vllm": 1, "cute-dsl": 1}
     assert CacheCensus.added(census.snapshot(), census.snapshot()) == {}
 
