@@ -72,7 +72,8 @@ def config_problem(engine_args, memory_gib):
         decode_context_parallel_size=getattr(ep, "decode_context_parallel_size", 1),
         world_size_across_dp=ep.tensor_parallel_size * ep.pipeline_parallel_size * ep.data_parallel_size)
     model_config.verify_with_parallel_config(parallel)
-    if memory_gib is None or not os.path.isdir(model_config.model):
+    # memory_gib 0 states no need (the memory guard checks nothing for it either): nothing to compare.
+    if not memory_gib or not os.path.isdir(model_config.model):
         return None
     files = sum(os.path.getsize(os.path.join(model_config.model, f)) for f in os.listdir(model_config.model)
                 if f.endswith((".safetensors", ".bin", ".pt")))
