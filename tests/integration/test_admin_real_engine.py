@@ -47,9 +47,11 @@ def service(demo_model_dir):
         "demo-b": profile_toml("tiny demo, 2 slots", b_args),
         # vLLM's argument parser rejects this: refused before anything is stopped.
         "badarg": profile_toml("vLLM's parser rejects it", DEMO_ARGS + ["--no-such-engine-flag"]),
-        # Passes the parser, fails in the engine's start (longer than the model's positions):
-        # an engine that never gets ready.
-        "broken": profile_toml("engine refuses to start", DEMO_ARGS + ["--max-model-len", "10000000"]),
+        # Passes the parser and the checks against config.json, fails in the engine's start (a KV
+        # cache too small for one sequence, which only the engine's memory profile finds): an engine
+        # that never gets ready. (A context the checkpoint cannot hold is refused before anything
+        # stops: tests/integration/test_switch_argcheck.py.)
+        "broken": profile_toml("engine refuses to start", DEMO_ARGS + ["--kv-cache-memory-bytes", "4096"]),
     }) as svc:
         yield svc
 
@@ -159,15 +161,15 @@ def test_failed_switch_rolls_back_to_last_good(service):
     assert r.status_code == 500, r.text
     op = r.json()
     assert op["status"] == "failed" and op["rolled_back_to"] == "demo"
-    assert "profile broken failed" in op["error"] and "validation error for ModelConfig" in op["error"], op["error"]
+    assert "profile broken failed: engine exited with code 1 while loading" in op["error"], op["error"]
     # Never persisted: the broken profile never got ready.
     assert service.state_file.read_bytes() == state_before
     assert service.wait_ready()["profile"] == "demo"
     status = service.admin.get("/admin/status").json()
     assert status["state"] == "ready" and status["profile"] == "demo"
-    assert "validation error for ModelConfig" in status["last_error"]
+    assert "engine exited with code 1 while loading" in status["last_error"]
     argv = cmdline(status["engine_pid"])
-    assert "10000000" not in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert "4096" not in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
     assert service.admin.get(f"/admin/operations/{op['id']}").json()["status"] == "failed"
     metrics = service.admin.get("/metrics").text
     assert 'gptoss_spark_profile_switches_total{outcome="failed"} 1.0' in metrics
