@@ -45,3 +45,15 @@ def read_json(path: Path) -> Any:
     json.JSONDecodeError are both ValueErrors); each caller says what a bad file means to it.
     """
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def dir_bytes(path: Path) -> int:
+    """The sizes of the files under path, added up (links not followed; a file that vanishes counts 0)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 from ..service.config import Settings
 from ..base.errors import UserError
 from ..base.exit_codes import EXIT_FLASHINFER
-from ..base.fsutil import write_atomic
+from ..base.fsutil import dir_bytes, write_atomic
 from ..service.memory import ProcMemorySource
 from ..service.profiles import Profile, load_profiles, unknown_profiles
 from ..service import flashinfer_cache as cache
@@ -195,17 +195,6 @@ def _run_worker(need: Needed, env: dict[str, str], log: Path, prefix: str,
     return proc.returncode, usage.ru_maxrss * 1024, time.monotonic() - t0
 
 
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def build(settings: Settings, *, modules: Iterable[str] | None = None, profiles: Iterable[str] | None = None,
           jobs: int | None = None, say: Callable[[str], None] = _print) -> BuildReport:
     """Build what the installed profiles need (or only `modules`, which must be among them)."""
@@ -264,7 +253,7 @@ def build(settings: Settings, *, modules: Iterable[str] | None = None, profiles:
             f"peak {peak / cache.GIB:.1f} GiB in one process")
         results.append(ModuleResult(need.module.name, need.arch_list, "built", seconds, peak))
     total = time.monotonic() - t_start
-    size = _dir_bytes(key.workspace_base(cache_root)) if key.workspace_base(cache_root).exists() else 0
+    size = dir_bytes(key.workspace_base(cache_root)) if key.workspace_base(cache_root).exists() else 0
     built = sum(r.state == "built" for r in results)
     say(f"FlashInfer: {len(results)} module(s) ready ({built} built, {len(results) - built} already there) "
         f"in {_fmt_duration(total)}; cache {size / cache.GIB:.2f} GiB")

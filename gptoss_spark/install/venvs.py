@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..base.exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV, EXIT_WARMUP
+from ..base.fsutil import dir_bytes
 from .layout import InstallError, SERVICE, Layout
 from .locks import CPU_UNWANTED, UNWANTED, LockTarget
 
@@ -131,12 +132,7 @@ def reclaimable_bytes(layout: Layout, *, keep: Sequence[str] = ()) -> int:
         for p in layout.venvs_dir.iterdir():
             if p.name in keep_ids or not p.is_dir() or p.is_symlink():
                 continue
-            for root, _, files in os.walk(p):
-                for f in files:
-                    try:
-                        total += os.lstat(os.path.join(root, f)).st_size
-                    except OSError:
-                        pass
+            total += dir_bytes(p)
     return total
 
 
