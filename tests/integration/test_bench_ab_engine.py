@@ -14,6 +14,7 @@ token). Speeds are printed, never asserted.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -138,7 +139,8 @@ def test_the_sweep_recommends_a_profile_per_load_range(ab):
             assert agg[x["profile"]] >= 0.97 * max(agg.values())
     lines = r.stdout.splitlines()
     i = lines.index("recommendation by load (highest aggregate tok/s at each swept concurrency):")
-    assert len([ln for ln in lines[i + 1:] if ln.startswith("  ") and "users" in ln.split(":")[0]]) == len(ranges)
+    range_lines = [ln for ln in lines[i + 1:] if re.match(r"  \d+(-\d+)? users?: ", ln)]  # "1 user", "2-3 users"
+    assert len(range_lines) == len(ranges), lines[i:]
     rows = (svc.tmp / "ab.csv").read_text().splitlines()
     assert rows[0].startswith("profile,concurrency,") and len(rows) == 1 + 2 * len(SWEEP)
     png = svc.tmp / "ab.png"
