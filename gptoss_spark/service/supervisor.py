@@ -28,9 +28,8 @@ from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
-from .exit_reason import failure_signature
 from ..base.errors import ConfigError, RequirementError
-from ..base.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
+from ..base.exit_codes import EXIT_OK, EXIT_REQUIREMENT
 from .budget import MemoryBudget
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
@@ -39,7 +38,7 @@ from .profiles import Profile, load_profiles, unknown_profiles
 from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus, OperationView,
                      OpStatus, StartStatus, SupervisorStatus, frozen_map)
 from .store import PersistedState, StateStore
-from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
+from .states import Failure, Next, RestartPolicy, StallDetector, State, StateMachine, Transition, after_failure
 from .systemd import Notifier, watchdog_interval
 from .telemetry import SampleContext, TelemetrySampler
 from .throttle import ThrottleWatch
@@ -435,41 +434,42 @@ class Supervisor:
                 self.last_error = self.generation_error = ended.reason
                 continue
             if cmd is None:
-                # The engine ended without being asked to.
+                # The engine ended without being asked to: states.after_failure decides what next.
                 self.last_error = ended.reason
-                if ended.requirement and not self.ever_ready:
-                    self.sm.to(State.FAILED, ended.reason, profile)
+                switching = op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set()
+                now = self.policy.clock()  # one reading: the decision and the record see the same window
+                decision = after_failure(
+                    Failure(ended.reason, ended.exit_code, ended.reached_ready, ended.requirement),
+                    profile=profile, ever_ready=self.ever_ready, settings=self.settings.restart,
+                    recent_failures=self.policy.recent_failures(now), last_exit=last_exit,
+                    roll_back_to=rollback_to if switching else None)
+                last_exit = decision.last_exit
+                if decision.next == Next.UNMET:
+                    self.sm.to(State.FAILED, decision.reason, profile)
                     return EXIT_REQUIREMENT
-                if op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set() and rollback_to:
+                if decision.next == Next.ROLL_BACK:
                     # A switch whose new profile never got ready: back to the last good one, at once.
+                    assert op is not None and decision.profile is not None
                     self.switches["failed"] += 1
-                    op.rolled_back_to = rollback_to
-                    op.finish(False, f"profile {profile} failed: {ended.reason}; rolled back to {rollback_to}")
-                    log.warning("switch failed, rolling back", target=profile, to=rollback_to, reason=ended.reason)
-                    profile, rollback_to, op = rollback_to, None, None
+                    op.rolled_back_to = decision.profile
+                    op.finish(False, decision.reason)
+                    log.warning("switch failed, rolling back", target=profile, to=decision.profile, reason=ended.reason)
+                    profile, rollback_to, op = decision.profile, None, None
                     continue  # next generation: stopping -> starting with the last-good profile
                 if op is not None and not op.done.is_set():
                     op.finish(False, ended.reason)
                 op = None
-                hopeless, last_exit = self._hopeless(ended, last_exit)
-                if hopeless:
-                    # Retrying cannot fix it: fail now with the engine's own line, not after max_crashes.
-                    self.sm.to(State.FAILED, f"gave up at once, {hopeless}: {ended.reason}", profile)
-                    if not self.ever_ready or self.settings.restart.on_give_up == "exit":
-                        return EXIT_GAVE_UP
-                    cmd = await self._wait_for_command(None)
-                elif (delay := None if ended.requirement else self.policy.record_failure()) is None:
-                    if not self.ever_ready or self.settings.restart.on_give_up == "exit":
-                        # Never served (or told to exit): `systemctl start` must fail loudly, not hang
-                        # or pretend; RestartPreventExitStatus keeps systemd from looping on it.
-                        self.sm.to(State.FAILED, f"gave up: {ended.reason}", profile)
-                        return EXIT_REQUIREMENT if ended.requirement else EXIT_GAVE_UP
-                    self.sm.to(State.FAILED, f"gave up after {self.policy.recent_failures()} failures: "
-                               f"{ended.reason}", profile)
-                    cmd = await self._wait_for_command(None)
+                if decision.counts_failure:
+                    self.policy.record_failure(now)
+                if decision.next == Next.RETRY:
+                    self.sm.to(State.BACKOFF, decision.reason, profile)
+                    cmd = await self._wait_for_command(decision.delay)
                 else:
-                    self.sm.to(State.BACKOFF, f"retry in {delay:g} s: {ended.reason}", profile)
-                    cmd = await self._wait_for_command(delay)
+                    self.sm.to(State.FAILED, decision.reason, profile)
+                    if decision.next == Next.EXIT:
+                        assert decision.exit_code is not None
+                        return decision.exit_code
+                    cmd = await self._wait_for_command(None)
                 if cmd is None:
                     continue
 
@@ -488,19 +488,6 @@ class Supervisor:
                 if cmd.kind == CommandKind.SWITCH:
                     rollback_to = self.store.load().last_good_profile or profile
                     profile = op.target or profile
-
-    @staticmethod
-    def _hopeless(ended: _Ended, last_exit: str | None) -> tuple[str | None, str | None]:
-        """(why a retry cannot help, or None; the signature to compare the next exit with).
-
-        Only exits before ready count: vLLM's usage error (exit 2), or the same exit twice in a
-        row. Crashes after ready, load timeouts, health and memory failures keep the backoff."""
-        if ended.exit_code is None or ended.reached_ready:
-            return None, last_exit
-        if ended.exit_code == EXIT_USAGE:
-            return "the engine rejected its arguments (exit 2)", None
-        sig = failure_signature(ended.reason)
-        return ("the engine failed the same way twice in a row" if sig == last_exit else None), sig
 
     async def _wait_for_command(self, delay: float | None) -> Command | None:
         try:
