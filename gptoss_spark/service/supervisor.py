@@ -7,17 +7,16 @@ One asyncio task (run) walks the state machine of states.py:
                                                                       \\-> failed (gave up)
 
 Requests from outside (SIGHUP, SIGTERM, the admin API) never touch the engine:
-they are validated here, queued as a Command and carried out by run() at the
-next safe point, and their progress is visible as an Operation.
+they are validated here, queued as a Command (operations.py) and carried out by
+run() at the next safe point, and their progress is visible as an Operation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
 
 import structlog
@@ -35,7 +34,8 @@ from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .startup import StartupHistory
 from .profiles import Profile, load_profiles, unknown_profiles
-from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus, OperationView,
+from .operations import Command, CommandQueue, Operation, Rejected
+from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus,
                      OpStatus, StartStatus, SupervisorStatus, frozen_map)
 from .store import PersistedState, StateStore
 from .states import Failure, Next, RestartPolicy, StallDetector, State, StateMachine, Transition, after_failure
@@ -46,8 +46,7 @@ from .throttle import ThrottleWatch
 log = structlog.get_logger("gptoss_spark.service.supervisor")
 
 # `gptoss-spark serve` exits EXIT_OK, EXIT_USAGE (bad settings or profile file), EXIT_REQUIREMENT
-# or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three.
-# An engine that exits EXIT_USAGE has had its arguments rejected (argparse: vLLM's usage error): a retry fails the same.
+# or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three (states.after_failure decides).
 
 LOAD_POLL_SECONDS = 1.0
 EXTEND_EVERY_SECONDS = 10.0
@@ -55,51 +54,6 @@ EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout
 HEALTH_FAILURES_BEFORE_RESTART = 3
 # _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
 WEDGE_REASONS = ("wedged: ", "engine /health failed")
-
-
-@dataclass
-class Operation:
-    """A restart or profile switch asked for from outside, to poll until it ends."""
-
-    kind: CommandKind
-    target: str | None
-    from_profile: str | None
-    id: str = field(default_factory=lambda: secrets.token_hex(6))
-    status: OpStatus = OpStatus.PENDING
-    error: str | None = None
-    rolled_back_to: str | None = None
-    created: float = field(default_factory=time.time)
-    finished: float | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-
-    def finish(self, ok: bool, error: str | None = None) -> None:
-        self.status = OpStatus.SUCCEEDED if ok else OpStatus.FAILED
-        self.error = error
-        self.finished = time.time()
-        self.done.set()
-
-    def view(self) -> OperationView:
-        """The operation as it stands now, frozen (what the admin API and the status show)."""
-        return OperationView(self.id, self.kind, self.target, self.from_profile, self.status, self.error,
-                             self.rolled_back_to, self.created, self.finished)
-
-
-@dataclass
-class Command:
-    kind: CommandKind
-    op: Operation | None = None
-    # The target profile as validated when the command was accepted: vLLM's parser and the next
-    # engine get this object, so the operation reads the profile files once (edits after that
-    # need another restart).
-    profile: Profile | None = None
-
-
-class Rejected(Exception):
-    """A request the supervisor refuses without changing anything. code: busy|unknown|invalid|unmet|memory|state."""
-
-    def __init__(self, code: str, message: str):
-        self.code = code
-        super().__init__(message)
 
 
 @dataclass
@@ -174,11 +128,8 @@ class Supervisor:
         self.ever_ready = False
         self.last_error: str | None = None
         self.switches = {"ok": 0, "failed": 0}
-        self.operations: dict[str, Operation] = {}
-        self._op_order: list[str] = []
-        self._current_op: Operation | None = None
-        self._pending: Command | None = None
-        self._wake = asyncio.Event()
+        # Requests from outside wait here for run()'s next safe point (operations.py).
+        self.commands = CommandQueue()
         # Two nodes (cluster.py): the generation both halves of the engine share; the head's view of
         # the worker; the worker's orders from the head and why its half of the generation ended.
         self.generation: str | None = None
@@ -212,7 +163,6 @@ class Supervisor:
         mem = self.guard.last
         # Before the guard's first reading (only while starting up) the host's total is read here.
         total = mem.total_bytes if mem is not None else self.guard.source.read().total_bytes
-        ops = {op_id: self.operations[op_id].view() for op_id in self._op_order if op_id in self.operations}
         return SupervisorStatus(
             state=self.state,
             profile=self.profile_name,
@@ -227,8 +177,8 @@ class Supervisor:
             counters=Counters(restarts=self.policy.total_restarts, recent_failures=self.policy.recent_failures(),
                               switches_ok=self.switches.get("ok", 0), switches_failed=self.switches.get("failed", 0)),
             guard=GuardStatus(reading=mem, trips=self.guard.trips, host_total_bytes=total),
-            operation=self._current_op.view() if self._current_op else None,
-            operations=frozen_map(ops),
+            operation=self.commands.current.view() if self.commands.current else None,
+            operations=frozen_map(self.commands.views()),
             transitions=tuple(self.sm.history),
             state_seconds=frozen_map(self.sm.seconds_in()),
             profiles=frozen_map(self.profiles),
@@ -266,6 +216,11 @@ class Supervisor:
                              peer_address=str(self.settings.cluster.peer) if self.role == "head" else None,
                              peer=frozen_map(peer) if isinstance(peer, dict) else peer)
 
+    @property
+    def operations(self) -> Mapping[str, Operation]:
+        """The recent operations by id (the last operations.OPERATIONS_KEPT)."""
+        return self.commands.operations
+
     def persisted(self) -> PersistedState:
         return self.store.load()
 
@@ -273,24 +228,24 @@ class Supervisor:
 
     def request_stop(self) -> None:
         self.notifier.stopping(f"stopping: draining up to {self.settings.timeouts.drain:g} s")
-        self._queue(Command(CommandKind.STOP))
+        self.commands.put(Command(CommandKind.STOP))
 
     def request_restart(self) -> Operation:
         """Warm restart: engine only, same profile, caches kept. Validated first: a broken profile edit
         is reported here instead of taking down a serving engine."""
         self._refuse_on_worker("restart")
-        self._ensure_idle()
+        self.commands.ensure_idle()
         if self.profile_name is None:
             raise Rejected("state", "the engine has not been started yet")
         profile = self._validated_profile(self.profile_name)
-        op = self._new_op(CommandKind.RESTART, profile.name)
-        self._queue(Command(CommandKind.RESTART, op, profile))
+        op = self.commands.new_operation(CommandKind.RESTART, profile.name, self.profile_name)
+        self.commands.put(Command(CommandKind.RESTART, op, profile))
         return op
 
     def request_switch(self, name: str) -> Operation | None:
         """Validate a switch to profile `name` and queue it. None = already active and ready (no-op)."""
         self._refuse_on_worker("switch")
-        self._ensure_idle()
+        self.commands.ensure_idle()
         profile = self._validated_profile(name)
         if name == self.profile_name and self.state == State.READY:
             return None
@@ -301,8 +256,8 @@ class Supervisor:
                                            profile_gib=profile.memory_gib)
         if refusal:
             raise Rejected("memory", f"profile {name}: {refusal}")
-        op = self._new_op(CommandKind.SWITCH, name)
-        self._queue(Command(CommandKind.SWITCH, op, profile))
+        op = self.commands.new_operation(CommandKind.SWITCH, name, self.profile_name)
+        self.commands.put(Command(CommandKind.SWITCH, op, profile))
         return op
 
     def _refuse_on_worker(self, what: str) -> None:
@@ -320,13 +275,7 @@ class Supervisor:
         self.orders.give(generation, profile, run)
         engine_alive = self.engine is not None and self.engine.returncode is None
         if engine_alive and (not run or generation != self.generation):
-            self._queue(Command(CommandKind.RESTART))
-
-    def _ensure_idle(self) -> None:
-        if (self._current_op and not self._current_op.done.is_set()) or self._pending is not None:
-            busy = self._current_op or (self._pending.op if self._pending else None)
-            raise Rejected("busy", f"another operation is in progress ({busy.kind.value} {busy.id})"
-                           if busy else "a stop is in progress")
+            self.commands.put(Command(CommandKind.RESTART))
 
     def _validated_profile(self, name: str) -> Profile:
         """The profile files read for this operation (the only read: the Command carries the result)."""
@@ -346,30 +295,6 @@ class Supervisor:
             raise Rejected("invalid", str(e)) from None
         self.profiles = profiles
         return profiles[name]
-
-    def _new_op(self, kind: CommandKind, target: str | None) -> Operation:
-        op = Operation(kind, target, self.profile_name)
-        self.operations[op.id] = op
-        self._op_order.append(op.id)
-        while len(self._op_order) > 50:
-            self.operations.pop(self._op_order.pop(0), None)
-        return op
-
-    def _queue(self, cmd: Command) -> None:
-        # A stop outranks everything; anything else only enters an empty slot (checked by callers).
-        if self._pending is None or cmd.kind == CommandKind.STOP:
-            if self._pending and self._pending.op and cmd.kind == CommandKind.STOP:
-                self._pending.op.finish(False, "cancelled: the service is stopping")
-            self._pending = cmd
-        self._wake.set()
-
-    def _take_command(self) -> Command | None:
-        cmd, self._pending = self._pending, None
-        self._wake.clear()
-        if cmd is not None and cmd.op is not None:
-            # From here until op.done, the operation is in progress: _ensure_idle refuses others (busy).
-            self._current_op = cmd.op
-        return cmd
 
     # ---- the main task ----------------------------------------------------------------------
 
@@ -463,13 +388,13 @@ class Supervisor:
                     self.policy.record_failure(now)
                 if decision.next == Next.RETRY:
                     self.sm.to(State.BACKOFF, decision.reason, profile)
-                    cmd = await self._wait_for_command(decision.delay)
+                    cmd = await self.commands.wait(decision.delay)
                 else:
                     self.sm.to(State.FAILED, decision.reason, profile)
                     if decision.next == Next.EXIT:
                         assert decision.exit_code is not None
                         return decision.exit_code
-                    cmd = await self._wait_for_command(None)
+                    cmd = await self.commands.wait(None)
                 if cmd is None:
                     continue
 
@@ -488,13 +413,6 @@ class Supervisor:
                 if cmd.kind == CommandKind.SWITCH:
                     rollback_to = self.store.load().last_good_profile or profile
                     profile = op.target or profile
-
-    async def _wait_for_command(self, delay: float | None) -> Command | None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except asyncio.TimeoutError:
-            return None
-        return self._take_command()
 
     async def _run_generation(self, name: str, op: Operation | None, loaded: Profile | None = None) -> _Ended:
         """Start one engine for profile `name`, serve until something ends it, leave it stopped.
@@ -571,7 +489,7 @@ class Supervisor:
         assert self.orders is not None
         next_extend = 0.0
         while True:
-            if self._pending is not None:
+            if self.commands.pending is not None:
                 return self._interrupted("waiting for the head")
             o = self.orders.latest
             if o.run and o.generation != self.generation and o.profile:
@@ -584,7 +502,7 @@ class Supervisor:
                 self.notifier.extend_timeout(EXTEND_BY_SECONDS)
                 next_extend = self.clock() + EXTEND_EVERY_SECONDS
             self.orders.changed.clear()
-            waits = {asyncio.create_task(self.orders.changed.wait()), asyncio.create_task(self._wake.wait())}
+            waits = {asyncio.create_task(self.orders.changed.wait()), asyncio.create_task(self.commands.wake.wait())}
             try:
                 await asyncio.wait(waits, timeout=EXTEND_EVERY_SECONDS, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -600,7 +518,7 @@ class Supervisor:
         next_extend = 0.0
         said = None
         while True:
-            if self._pending is not None:
+            if self.commands.pending is not None:
                 return self._interrupted("waiting for the worker")
             view = await self.peer.node(self.settings.timeouts.probe_timeout)
             self.peer_view = view
@@ -619,17 +537,17 @@ class Supervisor:
             if now >= next_extend:
                 self.notifier.extend_timeout(EXTEND_BY_SECONDS)
                 next_extend = now + EXTEND_EVERY_SECONDS
-            wake = asyncio.create_task(self._wake.wait())
+            wake = asyncio.create_task(self.commands.wake.wait())
             try:
                 await asyncio.wait({wake}, timeout=LOAD_POLL_SECONDS)
             finally:
                 wake.cancel()
 
     def _interrupted(self, while_: str) -> _Ended:
-        assert self._pending is not None
-        reason = f"{self._pending.kind.value} requested while {while_}"
+        assert self.commands.pending is not None
+        reason = f"{self.commands.pending.kind.value} requested while {while_}"
         self.sm.to(State.STOPPING, reason, self.profile_name)
-        return _Ended(reason, self._take_command())
+        return _Ended(reason, self.commands.take())
 
     async def _head_fault(self) -> str | None:
         """Worker: a reason to end rank 1 when the head is unreachable or has moved to another generation."""
@@ -682,8 +600,8 @@ class Supervisor:
                     next_extend = now + EXTEND_EVERY_SECONDS
                 if exit_task.done():
                     return await self._engine_died(engine, name, " while loading")
-                if self._pending is not None:
-                    return _Ended(f"{self._pending.kind.value} requested while loading", self._take_command())
+                if self.commands.pending is not None:
+                    return _Ended(f"{self.commands.pending.kind.value} requested while loading", self.commands.take())
                 danger = self.guard.danger()
                 if danger:
                     return _Ended(f"memory guard: {danger}")
@@ -745,18 +663,17 @@ class Supervisor:
             while True:
                 if exit_task.done():
                     return await self._engine_died(engine, name)
-                if self._pending is not None:
-                    cmd = self._take_command()
+                if self.commands.pending is not None:
+                    cmd = self.commands.take()
                     if cmd.kind != CommandKind.STOP:
                         if await self._refused_by_vllm(cmd, name, exit_task):
                             continue  # nothing stopped: this engine serves on
-                        if self._pending is not None:  # a stop came while vLLM's parser ran: it wins
+                        if self.commands.pending is not None:  # a stop came while vLLM's parser ran: it wins
                             if cmd.op is not None:
                                 cmd.op.finish(False, "cancelled: the service is stopping")
                             continue
                         if exit_task.done():  # it died while vLLM's parser ran: the command waits its turn
-                            self._pending = cmd
-                            self._wake.set()
+                            self.commands.put(cmd)
                             continue
                         # systemd shows "reloading" until the READY=1 that the next generation sends.
                         self.notifier.reloading(f"{cmd.kind.value}: {name} -> {cmd.op.target if cmd.op else name}")
@@ -810,7 +727,7 @@ class Supervisor:
         if cmd.op is not None:
             cmd.op.status = OpStatus.RUNNING
         check = asyncio.create_task(self.engine_args_check(self.settings, profile))
-        wake = asyncio.create_task(self._wake.wait())  # _queue sets it: a stop (nothing else fits now)
+        wake = asyncio.create_task(self.commands.wake.wait())  # CommandQueue.put sets it: a stop (nothing else fits now)
         try:
             await asyncio.wait({check, exit_task, wake}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -874,7 +791,7 @@ class Supervisor:
                 log.warning("could not tell the worker to stop its half", reason=refused, generation=self.generation)
 
     async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int]) -> None:
-        wake = asyncio.create_task(self._wake.wait())
+        wake = asyncio.create_task(self.commands.wake.wait())
         try:
             await asyncio.wait({wake, exit_task}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
