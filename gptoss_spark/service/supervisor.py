@@ -21,7 +21,6 @@ from typing import Awaitable, Callable, Mapping
 
 import structlog
 
-from . import cluster
 from .alerts import Alerter
 from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
@@ -35,11 +34,12 @@ from .probes import EngineProbe
 from .startup import StartupHistory
 from .profiles import Profile, load_profiles, unknown_profiles
 from .operations import Command, CommandQueue, Operation, Rejected
-from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus,
+from .status import (CommandKind, Counters, EngineStatus, GuardStatus,
                      OpStatus, StartStatus, SupervisorStatus, frozen_map)
+from .roles import Interrupted, NotStarted, role_for
 from .store import PersistedState, StateStore
 from .states import Failure, Next, RestartPolicy, StallDetector, State, StateMachine, Transition, after_failure
-from .systemd import Notifier, watchdog_interval
+from .systemd import EXTEND_BY_SECONDS, EXTEND_EVERY_SECONDS, Notifier, watchdog_interval
 from .telemetry import SampleContext, TelemetrySampler
 from .throttle import ThrottleWatch
 
@@ -49,8 +49,6 @@ log = structlog.get_logger("gptoss_spark.service.supervisor")
 # or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three (states.after_failure decides).
 
 LOAD_POLL_SECONDS = 1.0
-EXTEND_EVERY_SECONDS = 10.0
-EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout), systemd's start times out
 HEALTH_FAILURES_BEFORE_RESTART = 3
 # _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
 WEDGE_REASONS = ("wedged: ", "engine /health failed")
@@ -103,17 +101,19 @@ class Supervisor:
         elif memory_source is not None:
             raise TypeError("memory_source is for a Supervisor that builds its own parts; put it in parts.guard")
         self.settings = settings
-        self.notifier = notifier or Notifier(socket_path="")
         self.store = parts.store
         self.guard = parts.guard
         self.alerts = Alerter(settings.alerts)
         self.engine_factory = engine_factory
         self.probe_factory = probe_factory  # (base_url, served_name, api_key) -> what /health etc. answer
+        self.notifier = notifier or Notifier(socket_path="")
+        # Requests from outside wait here for run()'s next safe point (operations.py).
+        self.commands = CommandQueue()
+        # Solo, or the head or worker of two nodes (roles.py): where the two-node protocol differs.
+        self.role = role_for(settings, self.commands, self.notifier, clock)
         # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
-        # engine (tests), which runs no vLLM argv.
-        self.role = settings.cluster.role if settings.cluster else None
-        # The worker's argv is the head's business (its parser runs there); the worker only follows orders.
-        self.engine_args_check = None if self.role == "worker" else engine_args_check
+        # engine (tests), which runs no vLLM argv, and on a worker, whose argv is the head's business.
+        self.engine_args_check = engine_args_check if self.role.checks_engine_args else None
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -128,17 +128,6 @@ class Supervisor:
         self.ever_ready = False
         self.last_error: str | None = None
         self.switches = {"ok": 0, "failed": 0}
-        # Requests from outside wait here for run()'s next safe point (operations.py).
-        self.commands = CommandQueue()
-        # Two nodes (cluster.py): the generation both halves of the engine share; the head's view of
-        # the worker; the worker's orders from the head and why its half of the generation ended.
-        self.generation: str | None = None
-        self.peer = cluster.PeerClient(settings) if self.role == "head" else None
-        self.peer_view: dict[str, object] | str | None = None
-        self.orders = cluster.WorkerOrders() if self.role == "worker" else None
-        # A head that is gone for good (powered off, cable out) sends no stop: the worker watches it.
-        self.head = cluster.PeerClient(settings, expect="head") if self.role == "worker" else None
-        self.generation_error: str | None = None
         # Every engine start's phases and compiles (startup.py): status, /metrics, the journal.
         self.starts = StartupHistory()
         self._load_phase_shown: str | None = None
@@ -183,7 +172,7 @@ class Supervisor:
             state_seconds=frozen_map(self.sm.seconds_in()),
             profiles=frozen_map(self.profiles),
             saved=self.store.current(),
-            cluster=self._cluster_status(),
+            cluster=self.role.status(self.state, self.profile_name, engine, self.last_error),
             start=StartStatus(current=self._start_in_progress(), last=self.starts.last.to_json()
                               if self.starts.last else None, histograms=self.starts.histograms_view()),
             telemetry=self.telemetry.latest,
@@ -196,25 +185,6 @@ class Supervisor:
         rec = engine.startup
         return {"phase": rec.current_phase(), "seconds": round(time.monotonic() - rec.spawned_at, 1),
                 "phases": rec.phases()}
-
-    def _node_status(self) -> NodeStatus:
-        assert self.role is not None and self.settings.cluster is not None
-        engine = self.engine
-        alive = engine is not None and engine.returncode is None
-        return NodeStatus(role=self.role, address=str(self.settings.cluster.address), state=self.state,
-                          profile=self.profile_name, generation=self.generation,
-                          engine_pid=engine.pid if alive else None,
-                          joined=bool(alive and engine.joined_at is not None), error=self.generation_error,
-                          last_error=self.last_error, venv=cluster.venv_name())
-
-    def _cluster_status(self) -> ClusterStatus | None:
-        if self.role is None or self.settings.cluster is None:
-            return None
-        peer = self.peer_view
-        return ClusterStatus(node=self._node_status(), peer_url=self.settings.peer_admin_url,
-                             generation=self.generation,
-                             peer_address=str(self.settings.cluster.peer) if self.role == "head" else None,
-                             peer=frozen_map(peer) if isinstance(peer, dict) else peer)
 
     @property
     def operations(self) -> Mapping[str, Operation]:
@@ -233,7 +203,7 @@ class Supervisor:
     def request_restart(self) -> Operation:
         """Warm restart: engine only, same profile, caches kept. Validated first: a broken profile edit
         is reported here instead of taking down a serving engine."""
-        self._refuse_on_worker("restart")
+        self.role.refuse_request("restart")
         self.commands.ensure_idle()
         if self.profile_name is None:
             raise Rejected("state", "the engine has not been started yet")
@@ -244,7 +214,7 @@ class Supervisor:
 
     def request_switch(self, name: str) -> Operation | None:
         """Validate a switch to profile `name` and queue it. None = already active and ready (no-op)."""
-        self._refuse_on_worker("switch")
+        self.role.refuse_request("switch")
         self.commands.ensure_idle()
         profile = self._validated_profile(name)
         if name == self.profile_name and self.state == State.READY:
@@ -260,21 +230,13 @@ class Supervisor:
         self.commands.put(Command(CommandKind.SWITCH, op, profile))
         return op
 
-    def _refuse_on_worker(self, what: str) -> None:
-        if self.role == "worker":
-            raise Rejected("worker", f"this node is the cluster's worker: {what} on the head "
-                                     f"({self.settings.peer_admin_url}), which drives both nodes")
-
     def order_from_head(self, generation: str, profile: str, run: bool) -> None:
         """The head's order (worker only): run rank 1 of `generation` with `profile`, or stop (run=False).
 
         An engine of another generation, or any engine when told to stop, is ended now; the next one
         starts in _await_head_order."""
-        assert self.orders is not None
-        log.info("order from the head", generation=generation, profile=profile, run=run)
-        self.orders.give(generation, profile, run)
         engine_alive = self.engine is not None and self.engine.returncode is None
-        if engine_alive and (not run or generation != self.generation):
+        if self.role.take_order(generation, profile, run, engine_alive):
             self.commands.put(Command(CommandKind.RESTART))
 
     def _validated_profile(self, name: str) -> Profile:
@@ -354,9 +316,8 @@ class Supervisor:
             if ended.reached_ready:
                 rollback_to = None
             cmd = ended.command
-            if cmd is None and self.role == "worker":
-                # The head owns restarts (cluster.py): report why this half ended and wait for its order.
-                self.last_error = self.generation_error = ended.reason
+            if cmd is None and self.role.head_decides(ended.reason):
+                self.last_error = ended.reason  # this node's half ended: the head restarts both (cluster.py)
                 continue
             if cmd is None:
                 # The engine ended without being asked to: states.after_failure decides what next.
@@ -421,17 +382,14 @@ class Supervisor:
         self.profile_name = name
         why = f"{op.kind.value} {op.id}" if op else "start"
         self.sm.to(State.STARTING, why, name)
-        if self.role == "worker":
-            got = await self._await_head_order()
-            if isinstance(got, _Ended):
-                return got
-            name = self.profile_name = got
+        go = await self.role.before_start(name)
+        if isinstance(go, Interrupted):
+            return self._interrupted(go.while_)
+        if isinstance(go, NotStarted):
+            return self._end_without_engine(go.reason, requirement=go.requirement)
+        if go.ordered:
+            name = self.profile_name = go.profile
             loaded = None  # the head names the profile: this node's own files say what it is
-        elif self.role == "head":
-            ended = await self._await_worker(name)
-            if ended is not None:
-                return ended
-            self.generation = cluster.new_generation()
         try:
             if loaded is None or loaded.name != name:
                 self.profiles = load_profiles(self.settings)
@@ -439,9 +397,8 @@ class Supervisor:
             profile = loaded
             profile.check_requirements(self.settings)
         except (RequirementError, ConfigError, KeyError) as e:
-            vanished = f"profile {name} is not among this node's profiles" if self.role == "worker" \
-                else f"profile {name} vanished"
-            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else vanished, requirement=True)
+            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else self.role.missing_profile(name),
+                                            requirement=True)
         refusal = self.guard.start_refusal(profile.memory_gib, profile=name, claim=True)
         if refusal:
             return self._end_without_engine(f"memory guard refused start: {refusal}")
@@ -454,7 +411,7 @@ class Supervisor:
             self.sm.to(State.STOPPING, "spawn failed", name)
             return _Ended(f"could not start the engine: {e}")
         self.sm.to(State.LOADING, f"engine pid {engine.pid}", name)
-        probe = cluster.JoinProbe(engine) if self.role == "worker" else \
+        probe = self.role.own_probe(engine) or \
             self.probe_factory(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
 
         ended = await self._load(engine, probe, name)
@@ -462,7 +419,7 @@ class Supervisor:
         if ended is None:
             self.ever_ready = True
             self.engine_ready_since = self.clock()
-            self.sm.to(State.READY, self._ready_reason(engine), name)
+            self.sm.to(State.READY, self.role.ready_reason(engine.pid), name)
             self.notifier.ready(self._status_line())
             self.store.save(PersistedState(active_profile=name, last_good_profile=name))
             if op is not None and not op.done.is_set():
@@ -474,105 +431,11 @@ class Supervisor:
         await self._stop_engine(engine, ended, name)
         return ended
 
-    def _ready_reason(self, engine: EngineProcess) -> str:
-        if self.role == "worker":
-            return f"engine pid {engine.pid} joined the head (generation {self.generation})"
-        if self.role == "head":
-            return (f"engine pid {engine.pid} passed /health and the canary, the worker joined "
-                    f"(generation {self.generation})")
-        return f"engine pid {engine.pid} passed /health and the canary"
-
-    async def _await_head_order(self) -> str | _Ended:
-        """Worker: wait for the head's order to run a generation this node has not run yet.
-
-        Returns the profile to run, or why waiting ended (a stop)."""
-        assert self.orders is not None
-        next_extend = 0.0
-        while True:
-            if self.commands.pending is not None:
-                return self._interrupted("waiting for the head")
-            o = self.orders.latest
-            if o.run and o.generation != self.generation and o.profile:
-                self.generation, self.generation_error = o.generation, None
-                if self.head is not None:
-                    self.head.failures = 0
-                log.info("starting rank 1 on the head's order", generation=o.generation, profile=o.profile)
-                return o.profile
-            if self.clock() >= next_extend:  # waiting for the head is progress too (systemd's start job)
-                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                next_extend = self.clock() + EXTEND_EVERY_SECONDS
-            self.orders.changed.clear()
-            waits = {asyncio.create_task(self.orders.changed.wait()), asyncio.create_task(self.commands.wake.wait())}
-            try:
-                await asyncio.wait(waits, timeout=EXTEND_EVERY_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-
-    async def _await_worker(self, name: str) -> _Ended | None:
-        """Head: wait until the worker's supervisor answers and runs the same venv. None = go on.
-
-        Not counted as a failure while it lasts (the worker may boot later), bounded by timeouts.load."""
-        assert self.peer is not None
-        deadline = self.clock() + self.settings.timeouts.load
-        next_extend = 0.0
-        said = None
-        while True:
-            if self.commands.pending is not None:
-                return self._interrupted("waiting for the worker")
-            view = await self.peer.node(self.settings.timeouts.probe_timeout)
-            self.peer_view = view
-            if isinstance(view, dict):
-                if view.get("venv") != cluster.venv_name():
-                    return self._end_without_engine(
-                        f"the worker runs venv {view.get('venv')}, this head {cluster.venv_name()}: install the "
-                        f"same version on both nodes (docs/CLUSTER.md)", requirement=True)
-                return None
-            if view != said:
-                log.warning("waiting for the worker", reason=view, profile=name)
-                said = view
-            now = self.clock()
-            if now >= deadline:
-                return self._end_without_engine(f"{view} for timeouts.load={self.settings.timeouts.load:g} s")
-            if now >= next_extend:
-                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                next_extend = now + EXTEND_EVERY_SECONDS
-            wake = asyncio.create_task(self.commands.wake.wait())
-            try:
-                await asyncio.wait({wake}, timeout=LOAD_POLL_SECONDS)
-            finally:
-                wake.cancel()
-
     def _interrupted(self, while_: str) -> _Ended:
         assert self.commands.pending is not None
         reason = f"{self.commands.pending.kind.value} requested while {while_}"
         self.sm.to(State.STOPPING, reason, self.profile_name)
         return _Ended(reason, self.commands.take())
-
-    async def _head_fault(self) -> str | None:
-        """Worker: a reason to end rank 1 when the head is unreachable or has moved to another generation."""
-        assert self.head is not None
-        view = await self.head.node(self.settings.timeouts.probe_timeout)
-        if isinstance(view, str):
-            self.head.failures += 1
-            if self.head.failures < cluster.UNREACHABLE_AFTER:
-                return None
-            return f"head unreachable {self.head.failures} times in a row: {view}"
-        self.head.failures = 0
-        return cluster.head_fault(view, self.generation)
-
-    async def _worker_fault(self, *, loading: bool) -> str | None:
-        """Head: poll the worker; a reason when its half of this generation is gone or unreachable."""
-        assert self.peer is not None
-        view = await self.peer.node(self.settings.timeouts.probe_timeout)
-        self.peer_view = view
-        if isinstance(view, str):
-            self.peer.failures += 1
-            if self.peer.failures < cluster.UNREACHABLE_AFTER:
-                return None
-            return f"worker unreachable {self.peer.failures} times in a row: {view}"
-        self.peer.failures = 0
-        return cluster.worker_fault(view, self.generation, loading=loading)
 
     def _end_without_engine(self, reason: str, requirement: bool = False) -> _Ended:
         self.sm.to(State.STOPPING, reason, self.profile_name)
@@ -583,12 +446,9 @@ class Supervisor:
         deadline = self.clock() + self.settings.timeouts.load
         next_extend = 0.0
         last_canary_error = None
-        if self.peer is not None:
-            # Rank 0 first (it hosts vLLM's TCPStore on master_port), then the worker's rank 1.
-            refused = await self.peer.order(self.generation or "", name, True, self.settings.timeouts.probe_timeout)
-            if refused:
-                return _Ended(refused)
-            self.peer.failures = 0
+        refused = await self.role.after_spawn(name)
+        if refused:
+            return _Ended(refused)
         exit_task = asyncio.create_task(engine.exited())
         try:
             while True:
@@ -608,16 +468,13 @@ class Supervisor:
                 if now >= deadline:
                     extra = f"; last canary error: {last_canary_error}" if last_canary_error else ""
                     return _Ended(f"engine not ready within timeouts.load={self.settings.timeouts.load:g} s{extra}")
-                if self.peer is not None and (fault := await self._worker_fault(loading=True)):
-                    return _Ended(fault)
-                if self.head is not None and (fault := await self._head_fault()):
+                if fault := await self.role.fault(loading=True):
                     return _Ended(fault)
                 self._report_load_progress(engine, name)
                 if await probe.health(self.settings.timeouts.probe_timeout):
                     engine.startup.mark("health")
                     last_canary_error = await probe.canary(self.settings.timeouts.canary)
-                    if last_canary_error is None and (self.peer is None
-                                                      or cluster.worker_joined(self.peer_view, self.generation)):
+                    if last_canary_error is None and self.role.peer_joined():
                         engine.startup.mark("canary")
                         return None
                     log.warning("canary failed while loading", reason=last_canary_error, profile=name)
@@ -687,9 +544,7 @@ class Supervisor:
                 now = self.clock()
                 if now >= next_probe:
                     next_probe = now + t.probe_interval
-                    if self.peer is not None and (fault := await self._worker_fault(loading=False)):
-                        return _Ended(fault)
-                    if self.head is not None and (fault := await self._head_fault()):
+                    if fault := await self.role.fault(loading=False):
                         return _Ended(fault)
                     if await probe.health(t.probe_timeout):
                         health_failures = 0
@@ -784,11 +639,7 @@ class Supervisor:
             log.error("engine tree survived SIGKILL", reason=str(e))
             self.last_error = str(e)
         self.engine_ready_since = None
-        if self.peer is not None and self.generation is not None:
-            # The worker's rank 1 outlives rank 0 and cannot join the next engine: it goes too.
-            refused = await self.peer.order(self.generation, name, False, self.settings.timeouts.probe_timeout)
-            if refused:
-                log.warning("could not tell the worker to stop its half", reason=refused, generation=self.generation)
+        await self.role.after_stop(name)
 
     async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int]) -> None:
         wake = asyncio.create_task(self.commands.wake.wait())
