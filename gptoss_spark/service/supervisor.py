@@ -234,7 +234,7 @@ class Supervisor:
         """The head's order (worker only): run rank 1 of `generation` with `profile`, or stop (run=False).
 
         An engine of another generation, or any engine when told to stop, is ended now; the next one
-        starts in _await_head_order."""
+        starts once the role sees the order (roles.Worker.before_start)."""
         engine_alive = self.engine is not None and self.engine.returncode is None
         if self.role.take_order(generation, profile, run, engine_alive):
             self.commands.put(Command(CommandKind.RESTART))
