@@ -38,7 +38,7 @@ from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E4
 from gptoss_spark.mxfp4 import dequantize_mxfp4  # noqa: E402
 
 # One layer's shapes, timing, roofline and random layers: the same as `gptoss-spark kernels bench`.
-from gptoss_spark.kernels.benchmark import (  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import (  # noqa: E402
     BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, decode_stages, graph_ms, roofline, routed)
 
 

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels.benchmark import H, TOPK, Layer, median_ms  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, median_ms  # noqa: E402
 
 from gptoss_spark.kernels import reference  # noqa: E402
 from gptoss_spark.kernels.moe import MAX_DECODE_TOKENS, fused_moe_decode  # noqa: E402

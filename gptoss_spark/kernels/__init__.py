@@ -13,9 +13,11 @@ Modules (one job per file; docs/KERNELS.md has the design and the numbers):
   moe.py            the three launches of one layer
   ops.py            torch.library custom ops (import registers them); moe_block picks decode or prefill
   reference.py      torch reference of the gpt-oss MoE block (MXFP4 from gptoss_spark/mxfp4.py)
-  variants.py, aot.py, cli.py   ahead-of-time build (`gptoss-spark kernels build`)
   vllm_plugin.py    vLLM general plugin, active when GPTOSS_SPARK_MOE=triton
+  runtime.py        whether Triton's interpreter runs the kernels
 
-Nothing here imports triton or torch at package import: the CLI must load on
-hosts without them and say what is missing.
+The ahead-of-time build and the benchmark are tools, not run-time code: gptoss_spark/kernel_tools/.
+
+Nothing here imports triton or torch at package import: the plugin's entry point and the CLI
+(kernel_tools) must load on hosts without them and say what is missing.
 """

@@ -122,8 +122,8 @@ def test_torch_compile_fullgraph():
 
 
 def test_compile_only_for_sm121a():
-    from gptoss_spark.kernels import aot
-    from gptoss_spark.kernels.variants import GPT_OSS_120B
+    from gptoss_spark.kernel_tools import aot
+    from gptoss_spark.kernel_tools.variants import GPT_OSS_120B
     report = aot.build_compile_only("12.1a", shapes=(GPT_OSS_120B,))
     assert report.compiled and all(line.endswith("sm_121a") for line in report.compiled), report.compiled
 
@@ -148,9 +148,9 @@ SERVE_PREFILL = """
 """
 SERVE_IMPORTS = """
     import torch
-    from gptoss_spark.kernels import aot
+    from gptoss_spark.kernel_tools import aot
     from gptoss_spark.kernels.ops import moe_block, moe_decode, router_logits
-    from gptoss_spark.kernels.variants import MODEL_SHAPES
+    from gptoss_spark.kernel_tools.variants import MODEL_SHAPES
 """
 
 
@@ -159,7 +159,7 @@ def test_aot_build_leaves_nothing_to_compile(tmp_path):
     major, minor = torch.cuda.get_device_capability()
     build = f"""
         from pathlib import Path
-        from gptoss_spark.kernels import aot
+        from gptoss_spark.kernel_tools import aot
         print(aot.build_warm("{major}.{minor}", Path({str(tmp_path / "triton")!r})).compiled)
     """
     serve = SERVE_IMPORTS + """
@@ -176,11 +176,11 @@ def test_aot_prefill_launches_leave_nothing_to_compile(tmp_path):
     tokens), then prefill chunks of other lengths compile nothing (prefill_routing's kernels included)."""
     build = """
         import torch
-        from gptoss_spark.kernels import aot
+        from gptoss_spark.kernel_tools import aot
         from gptoss_spark.kernels.moe_prefill import moe_prefill_block, prefill_configs
         from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
         from gptoss_spark.kernels.ops import DECODE_DISPATCH_TOKENS
-        from gptoss_spark.kernels.variants import MODEL_SHAPES
+        from gptoss_spark.kernel_tools.variants import MODEL_SHAPES
         mma = mma_layout_for("cuda")
         for shape in MODEL_SHAPES:
             x, rw, rb, *experts = aot._dummy_inputs(shape, DECODE_DISPATCH_TOKENS + 1, "cuda")

@@ -23,7 +23,8 @@ FLOORS: list[set[str]] = [
     {"service"},                  # the supervisor and what it is made of
     {"admin", "install"},         # the admin API and its client; the installer
     {"kernels"},
-    {"flashinfer_jit"},
+    {"flashinfer_jit", "kernel_tools"},  # ahead-of-time builds: FlashInfer's modules; our kernels' build
+                                          # and benchmark
     {"bench"},
     {"draft"},
     {"warmup"},                   # start each profile's engine once (runs the service's engine)

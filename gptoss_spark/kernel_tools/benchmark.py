@@ -34,9 +34,9 @@ from triton.testing import do_bench
 
 from ..mxfp4 import dequantize_mxfp4
 from .bench_args import DEFAULT_TOKENS, add_bench_arguments
-from .moe import DecodeLaunches, MoeLaunchConfig
-from .mxfp4_layout import SwizzledExperts, mma_layout_for
-from .ops import moe_block_any
+from ..kernels.moe import DecodeLaunches, MoeLaunchConfig
+from ..kernels.mxfp4_layout import SwizzledExperts, mma_layout_for
+from ..kernels.ops import moe_block_any
 
 DEV = "cuda"
 H = I = 2880
@@ -118,7 +118,7 @@ class Layer:
 
 def routed(x, layer) -> torch.Tensor:
     """The top-4 expert ids [M, 4] of x: the reference's routing (fp32 logits)."""
-    from .reference import router_logits_ref, topk_softmax_ref
+    from ..kernels.reference import router_logits_ref, topk_softmax_ref
     return topk_softmax_ref(router_logits_ref(x, layer.rw, layer.rb), TOPK)[0]
 
 
@@ -191,7 +191,7 @@ class Row:
 def bench(tokens=DEFAULT_TOKENS, *, peer_path: Path | None = None, peer_warps=(8, 4), layers: int = 8,
           cublas_layers: int = 2, log: Callable[[str], None] = print) -> dict:
     """Run the side-by-side benchmark; returns every number (see the module docstring)."""
-    from . import reference
+    from ..kernels import reference
     layout = mma_layout_for(DEV)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "mma_layout": layout,
@@ -296,7 +296,8 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m gptoss_spark.kernels.benchmark", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gptoss_spark.kernel_tools.benchmark",
+                                 description=__doc__.split("\n")[0])
     add_bench_arguments(ap)
     return run(ap.parse_args(argv))
 
