@@ -29,7 +29,7 @@ from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, median_ms  # noq
 
 from gptoss_spark.kernels import reference  # noqa: E402
 from gptoss_spark.kernels.moe import MAX_DECODE_TOKENS, fused_moe_decode  # noqa: E402
-from gptoss_spark.kernels.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
+from gptoss_spark.kernels.device.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 
 

@@ -31,7 +31,7 @@ from gptoss_spark.kernel_tools import peer  # noqa: E402
 from gptoss_spark.kernels import reference  # noqa: E402
 from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, graph_ms, ours, rel_err  # noqa: E402
 from gptoss_spark.kernel_tools.bench_args import token_list  # noqa: E402
-from gptoss_spark.kernels.moe_prefill import prefill_config_for  # noqa: E402
+from gptoss_spark.kernels.device.moe_prefill import prefill_config_for  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 
 # Stage of a kernel by its name. Ours: moe_prefill.py's / moe_gate_up.py's / moe_down.py's kernels, the

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels import prefill_routing, reference  # noqa: E402
+from gptoss_spark.kernels import reference  # noqa: E402
+from gptoss_spark.kernels.device import prefill_routing  # noqa: E402
 from gptoss_spark.kernel_tools.bench_args import token_list  # noqa: E402
 from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, ours, rel_err  # noqa: E402
 

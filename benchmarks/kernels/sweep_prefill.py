@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss_spark.kernels import reference  # noqa: E402
 from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, graph_ms, rel_err  # noqa: E402
 from gptoss_spark.kernels.moe import MAX_DECODE_TOKENS, fused_moe_decode  # noqa: E402
-from gptoss_spark.kernels.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
+from gptoss_spark.kernels.device.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 
 

@@ -89,7 +89,7 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Triton reads its cache dir when the cache manager is first used: set it before any compile.
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
-    from ..kernels.moe_prefill import moe_prefill_block, prefill_configs
+    from ..kernels.device.moe_prefill import moe_prefill_block, prefill_configs
     from ..kernels.mxfp4_layout import mma_layout_for
     from ..kernels.ops import DECODE_DISPATCH_TOKENS, moe_decode, router_logits
     mma = mma_layout_for("cuda")
@@ -169,9 +169,9 @@ def variant_jobs(shape: MoeShape, m: int, major: int, config=None) -> tuple[list
     """
     from ..kernels.moe import DEFAULT_CONFIG, expert_launch_kwargs, launch_plan, router_options
     from ..kernels.mxfp4_layout import mma_layout_for_capability
-    from ..kernels.moe_down import moe_down_kernel
-    from ..kernels.moe_gate_up import moe_gate_up_kernel
-    from ..kernels.router_logits import k_split, launch_kwargs, router_logits_kernel
+    from ..kernels.device.moe_down import moe_down_kernel
+    from ..kernels.device.moe_gate_up import moe_gate_up_kernel
+    from ..kernels.device.router_logits import k_split, launch_kwargs, router_logits_kernel
     cfg = config or DEFAULT_CONFIG
     mma = mma_layout_for_capability(major)
     plan = launch_plan(m, shape.top_k, cfg, mma)
@@ -228,7 +228,7 @@ def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[s
     """The prefill kernels as moe_prefill_block launches them, in variant_jobs' form: the router and
     combine once, the align and the two expert kernels for config, or else for every config
     prefill_config_for can pick on this arch's layout."""
-    from ..kernels.moe_prefill import prefill_configs
+    from ..kernels.device.moe_prefill import prefill_configs
     from ..kernels.mxfp4_layout import mma_layout_for_capability
     mma = mma_layout_for_capability(major)
     jobs = _prefill_routing_jobs(shape)
@@ -239,7 +239,7 @@ def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[s
 
 def _prefill_routing_jobs(shape: MoeShape) -> list:
     """prefill_routing's router and combine kernels: one binary each per shape, whatever the tiles."""
-    from ..kernels.prefill_routing import (combine_launch_kwargs, prefill_combine_kernel, prefill_router_kernel,
+    from ..kernels.device.prefill_routing import (combine_launch_kwargs, prefill_combine_kernel, prefill_router_kernel,
                                   router_launch_kwargs)
     return [
         (prefill_router_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "ids_ptr": "*i32",
@@ -251,10 +251,10 @@ def _prefill_routing_jobs(shape: MoeShape) -> list:
 
 
 def _prefill_config_jobs(shape: MoeShape, config, mma: int) -> list:
-    from ..kernels.moe_prefill import launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
+    from ..kernels.device.moe_prefill import launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
     gate_up_kw, down_kw = launch_kwargs(config, shape.hidden, shape.intermediate, shape.top_k,
                                         shape.has_bias, shape.has_bias, mma, 2, False)
-    from ..kernels.prefill_routing import align_launch_kwargs, prefill_align_kernel
+    from ..kernels.device.prefill_routing import align_launch_kwargs, prefill_align_kernel
     return [
         (prefill_align_kernel, {"ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
                                 "block_expert_ptr": "*i32"},
@@ -313,7 +313,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     for shape in shapes:
         builds = [(_plan_name(shape, m, mma), lambda m=m, shape=shape: compile_variants(shape, m, target))
                   for m in token_counts(shape, mma)]
-        from ..kernels.moe_prefill import prefill_configs
+        from ..kernels.device.moe_prefill import prefill_configs
         builds.append(("prefill routing", lambda shape=shape: compile_prefill_routing(shape, target)))
         builds += [(f"prefill block_m={cfg.block_m} C={cfg.gate_up_c}",
                     lambda shape=shape, cfg=cfg: compile_prefill_variants(shape, target, cfg))

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .counted_sum import MAX_ADDS
-from .moe_down import moe_down_kernel
-from .moe_gate_up import moe_gate_up_kernel
+from .device.counted_sum import MAX_ADDS
+from .device.moe_down import moe_down_kernel
+from .device.moe_gate_up import moe_gate_up_kernel
+from .device.pdl import pdl_launch
+from .device.router_logits import k_split, m_pad_for, router_logits_partial, topk_rows_for
 from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
-from .pdl import pdl_launch
 from .runtime import interpreting
-from .router_logits import k_split, m_pad_for, router_logits_partial, topk_rows_for
 
 MAX_DECODE_TOKENS = 32
 

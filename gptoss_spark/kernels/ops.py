@@ -21,9 +21,9 @@ import logging
 
 import torch
 
+from .device.moe_prefill import moe_prefill_block
+from .device.router_logits import router_logits_partial
 from .moe import fused_moe_decode, layout_version
-from .moe_prefill import moe_prefill_block
-from .router_logits import router_logits_partial
 from .runtime import interpreting
 
 LIB = "gptoss_spark"

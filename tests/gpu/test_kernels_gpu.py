@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gptoss_spark.kernels.counted_sum import counted_add
+from gptoss_spark.kernels.device.counted_sum import counted_add
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -177,7 +177,7 @@ def test_aot_prefill_launches_leave_nothing_to_compile(tmp_path):
     build = """
         import torch
         from gptoss_spark.kernel_tools import aot
-        from gptoss_spark.kernels.moe_prefill import moe_prefill_block, prefill_configs
+        from gptoss_spark.kernels.device.moe_prefill import moe_prefill_block, prefill_configs
         from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
         from gptoss_spark.kernels.ops import DECODE_DISPATCH_TOKENS
         from gptoss_spark.kernel_tools.variants import MODEL_SHAPES
@@ -328,8 +328,9 @@ def test_prefill_matches_reference(experts, m):
 @pytest.mark.parametrize("m", [17, 300, 1500])
 def test_prefill_routing_matches_reference(experts, m):
     """prefill_routing at gpt-oss shapes: the reference's top-4 and weights (fp32 logits), its block tables."""
-    from gptoss_spark.kernels import prefill_routing, reference
-    from gptoss_spark.kernels.moe_prefill import prefill_config_for
+    from gptoss_spark.kernels import reference
+    from gptoss_spark.kernels.device import prefill_routing
+    from gptoss_spark.kernels.device.moe_prefill import prefill_config_for
     x, rw, rb, *_ = make_block(experts, m, seed=900 + m)
     ids, weights, counts = prefill_routing.route(x, rw, rb, 4)
     ref_ids, ref_w = reference.topk_softmax_ref(reference.router_logits_ref(x, rw, rb), 4)

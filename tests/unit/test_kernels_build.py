@@ -37,7 +37,7 @@ def test_compile_only_build_for_sm121a():
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) >= 6 and all(line.endswith("sm_121a") for line in lines), r.stdout
-    from gptoss_spark.kernels.moe_prefill import prefill_configs
+    from gptoss_spark.kernels.device.moe_prefill import prefill_configs
     configs = prefill_configs(2)  # sm_121a: layout 2
     for kernel in ("prefill_align_kernel", "moe_prefill_gate_up_kernel", "moe_prefill_down_kernel"):
         assert sum(kernel in line for line in lines) == len(configs), r.stdout
@@ -55,13 +55,13 @@ def test_compile_only_jobs_set_every_constexpr(major):
     pytest.importorskip("triton")
     from gptoss_spark.kernel_tools import aot
     from gptoss_spark.kernels import moe
-    from gptoss_spark.kernels.moe_gate_up import SWIGLU_ALPHA, moe_gate_up_kernel
+    from gptoss_spark.kernels.device.moe_gate_up import SWIGLU_ALPHA, moe_gate_up_kernel
     from gptoss_spark.kernel_tools.variants import GPT_OSS_120B, token_counts
     from gptoss_spark.kernels.mxfp4_layout import mma_layout_for_capability
     mma = mma_layout_for_capability(major)
     jobs = [j for m in token_counts(GPT_OSS_120B, mma) for j in aot.variant_jobs(GPT_OSS_120B, m, major)[0]]
     jobs += aot.prefill_jobs(GPT_OSS_120B, major)[0]
-    from gptoss_spark.kernels.moe_prefill import prefill_configs
+    from gptoss_spark.kernels.device.moe_prefill import prefill_configs
     assert len(jobs) == 3 * len(token_counts(GPT_OSS_120B, mma)) + 3 * len(prefill_configs(mma)) + 2
     for kernel, ptrs, consts, opts in jobs:
         signature, bound = aot.source_args(kernel, ptrs, consts)

@@ -42,8 +42,9 @@ if not IN_CHILD:
 
 @pytest.fixture(scope="module")
 def k():
-    mods = {n: importlib.import_module(f"gptoss_spark.kernels.{n}")
-            for n in ("moe", "moe_prefill", "prefill_routing", "reference", "mxfp4_layout", "router_logits", "ops")}
+    mods = {n.rpartition(".")[2]: importlib.import_module(f"gptoss_spark.kernels.{n}")
+            for n in ("moe", "device.moe_prefill", "device.prefill_routing", "reference", "mxfp4_layout",
+                      "device.router_logits", "ops")}
     mods["mxfp4"] = importlib.import_module("gptoss_spark.mxfp4")
     return type("Kernels", (), mods)
 
@@ -294,7 +295,7 @@ if IN_CHILD:  # decorated here, in the TRITON_INTERPRET=1 child, like the kernel
     import triton
     import triton.language as tl
 
-    from gptoss_spark.kernels.counted_sum import counted_add
+    from gptoss_spark.kernels.device.counted_sum import counted_add
 
     @triton.jit
     def counted_add_kernel(values_ptr, sums_ptr, last_ptr, total_ptr, E: tl.constexpr, N: tl.constexpr):

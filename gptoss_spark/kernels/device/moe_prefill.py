@@ -29,10 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import interpreting
 from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, gate_up_dot, swiglu
 from .mxfp4_decode import mxfp4_rows_dot
 from .prefill_routing import align, combine, counts_of, route
-from .runtime import interpreting
 
 
 @dataclass(frozen=True)
