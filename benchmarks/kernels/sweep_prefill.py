@@ -49,10 +49,9 @@ def main():
         ref = reference.moe_block_ref(xs[0], *lays[0].args(), TOPK)
         fns = {}
         if m <= MAX_DECODE_TOKENS:
-            fns["decode"] = lambda x, lay: fused_moe_decode(x, lay.rw, lay.rb, *lay.experts(), TOPK)
+            fns["decode"] = lambda x, lay: fused_moe_decode(x, lay.rw, lay.rb, lay.sw, TOPK)
         for key, cfg in cfgs.items():
-            fns[key] = lambda x, lay, cfg=cfg: moe_prefill_block(x, lay.rw, lay.rb, *lay.experts(), TOPK, mma=mma,
-                                                               config=cfg)
+            fns[key] = lambda x, lay, cfg=cfg: moe_prefill_block(x, lay.rw, lay.rb, lay.sw, TOPK, config=cfg)
         cells = []
         for key in ["decode", *cfgs]:
             if key not in fns:

@@ -90,7 +90,7 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     # Triton reads its cache dir when the cache manager is first used: set it before any compile.
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
     from ..kernels.device.moe_prefill import moe_prefill_block, prefill_configs
-    from ..kernels.mxfp4_layout import mma_layout_for
+    from ..kernels.mxfp4_layout import SwizzledExperts, mma_layout_for
     from ..kernels.ops import DECODE_DISPATCH_TOKENS, moe_decode, router_logits
     mma = mma_layout_for("cuda")
     compiled = []
@@ -104,7 +104,7 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
         # specialized); prefill_config_for picks the config by token count.
         x, rw, rb, *experts = _dummy_inputs(shape, DECODE_DISPATCH_TOKENS + 1, "cuda")
         for cfg in prefill_configs(mma):
-            moe_prefill_block(x, rw, rb, *experts, shape.top_k, mma=mma, config=cfg)
+            moe_prefill_block(x, rw, rb, SwizzledExperts(*experts, mma=mma), shape.top_k, config=cfg)
             compiled.append(f"{shape.name} prefill block_m={cfg.block_m} C={cfg.gate_up_c}")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)

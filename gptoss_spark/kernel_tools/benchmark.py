@@ -111,10 +111,6 @@ class Layer:
         """Checkpoint layout (reference, baselines)."""
         return (self.rw, self.rb, self.w13, self.s13, self.b13, self.w2, self.s2, self.b2)
 
-    def experts(self):
-        """The kernels' layout, after the router weights."""
-        return self.sw.tensors()
-
 
 def routed(x, layer) -> torch.Tensor:
     """The top-4 expert ids [M, 4] of x: the reference's routing (fp32 logits)."""
@@ -139,7 +135,7 @@ def decode_stages(x: torch.Tensor, layer: Layer, config: MoeLaunchConfig, stages
     configs through this; production calls moe.fused_moe_decode, which runs all three on the
     defaults."""
     rw, rb = router if router is not None else (layer.rw, layer.rb)
-    call = DecodeLaunches(x, rw, rb, *layer.experts(), TOPK, config)
+    call = DecodeLaunches(x, rw, rb, layer.sw, TOPK, config)
     call.router()
     if stages >= 2:
         call.gate_up()
@@ -147,8 +143,7 @@ def decode_stages(x: torch.Tensor, layer: Layer, config: MoeLaunchConfig, stages
 
 
 def ours(layer: Layer) -> Callable[[torch.Tensor], torch.Tensor]:
-    ex = layer.experts()
-    return lambda x: moe_block_any(x, layer.rw, layer.rb, *ex, TOPK)
+    return lambda x: moe_block_any(x, layer.rw, layer.rb, layer.sw, TOPK)
 
 
 class CublasExperts:
