@@ -165,6 +165,20 @@ def test_the_floor_imports_nothing_of_ours_but_itself():
     assert {t for ts in floor.values() for t in ts if top_package(t) != "base"} == set()
 
 
+# What the kernels' Triton modules (kernels/device/) may import of the package above them: the weight
+# layout they read and whether the interpreter runs them. The face above (ops, moe, the plugin)
+# composes them, never the other way round.
+DEVICE_MAY_IMPORT = {"gptoss_spark.kernels.mxfp4_layout", "gptoss_spark.kernels.runtime"}
+
+
+def test_the_kernels_device_modules_import_only_each_other_the_layout_and_the_runtime():
+    g = graph(PACKAGE)
+    device = {m: ts for m, ts in g.items() if m.startswith("gptoss_spark.kernels.device")}
+    assert len(device) >= 10, device
+    assert {t for ts in device.values() for t in ts
+            if not t.startswith("gptoss_spark.kernels.device") and t not in DEVICE_MAY_IMPORT} == set()
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "gptoss_spark"
     for rel, text in files.items():
