@@ -36,7 +36,8 @@ if not IN_CHILD:
     def test_kernels_under_triton_interpreter():
         env = {**os.environ, "TRITON_INTERPRET": "1", CHILD_ENV: "1", "TRITON_DEFAULT_FP_FUSION": "1"}
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env=env, capture_output=True, text=True, timeout=300)
+                           env=env, capture_output=True, text=True, timeout=900)  # a hang guard, not a speed
+        # check: the 65 interpreted cases take ~2.5 min of one core, 5.5 min on a loaded 2-core box.
         assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
 
 
