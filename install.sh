@@ -133,9 +133,10 @@ fi
 # outgrow the memory the budget gave them one by one), and one that does not become ready fails the
 # switch as the default would (switched back, all of them restarted on the version before).
 RUNNING_INSTANCES=()
+FAILED_UNIT=$SERVICE   # the unit whose journal says why a restart failed
 restart_service() {
     local i
-    START_EPOCH=$(date +%s)
+    START_EPOCH=$(date +%s) FAILED_UNIT=$SERVICE
     systemctl reset-failed "$SERVICE" 2>/dev/null || true
     if [ "$(step cluster-role)" = worker ]; then
         systemctl restart --no-block "$SERVICE"
@@ -146,8 +147,15 @@ restart_service() {
     for i in "${RUNNING_INSTANCES[@]}"; do
         echo "  restarting $i"
         systemctl reset-failed "$i" 2>/dev/null || true
-        systemctl restart "$i" || { warn "$i did not become ready (journalctl -u $i -e)"; return 1; }
+        FAILED_UNIT=$i
+        systemctl restart "$i" || return 1
+        FAILED_UNIT=$SERVICE
     done
+}
+# The one line that says why FAILED_UNIT did not become ready (an instance's named).
+why_line() {
+    [ "$FAILED_UNIT" = "$SERVICE" ] || printf '%s: ' "$FAILED_UNIT"
+    step why --since "$START_EPOCH" --unit "$FAILED_UNIT"
 }
 running_instances() {
     local i
@@ -159,20 +167,20 @@ running_instances() {
 # The version switched to did not become ready: back to the one before it, with its unit.
 # $1: what was tried ("the new version", "the rolled-back-to version").
 switch_back_or_die() {
-    local why back why2
-    why="$(step why --since "$START_EPOCH")"
+    local why back failed=$FAILED_UNIT
+    why="$(why_line)"
     back="$(step switch-back)"
     if [ "$back" = - ]; then
-        die 30 "$1 did not become ready: $why; there is no earlier version to go back to (journalctl -u $SERVICE -e)"
+        die 30 "$1 did not become ready: $why; there is no earlier version to go back to (journalctl -u $failed -e)"
     fi
     warn "$1 did not become ready: $why; switching back to $back"
     systemctl daemon-reload
     if restart_service; then
         step served
-        die 24 "$1 did not become ready: $why; switched back to $back, which serves again, and removed the failed one (journalctl -u $SERVICE -e)"
+        die 24 "$1 did not become ready: $why; switched back to $back, which serves again, and removed the failed one (journalctl -u $failed -e)"
     fi
     step reclaim   # the failed version (removed after the restart: it would lengthen the gap)
-    die 30 "switched back to $back, but it does not serve either: $(step why --since "$START_EPOCH"); journalctl -u $SERVICE -e"
+    die 30 "switched back to $back, but it does not serve either: $(why_line); journalctl -u $FAILED_UNIT -e"
 }
 
 # ---------------------------------------------------------------- rollback
@@ -318,7 +326,7 @@ if ! restart_service; then
     if [ "$SWITCHED" = switched ]; then
         switch_back_or_die "the new version"
     fi
-    die 30 "$SERVICE does not serve: $(step why --since "$START_EPOCH"); journalctl -u $SERVICE -e"
+    die 30 "$FAILED_UNIT does not serve: $(why_line); journalctl -u $FAILED_UNIT -e"
 fi
 step served   # previous, from now on, may be this version; versions no link names are removed
 

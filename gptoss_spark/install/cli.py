@@ -337,7 +337,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    print(why.failure_reason(args.since))
+    print(why.failure_reason(args.since, args.unit))
     return 0
 
 
@@ -484,6 +484,7 @@ def register_steps(sub: argparse._SubParsersAction) -> None:
     step("reclaim", cmd_reclaim, "remove versions neither current nor previous names", dry=False)
     sp = step("why", cmd_why, "the one line that says why the service did not become ready", dry=False)
     sp.add_argument("--since", type=float, required=True, help="epoch seconds: look at the journal from then on")
+    sp.add_argument("--unit", default=SERVICE, help="whose journal (default: the service; an instance, gptoss-spark@NAME)")
     step("link", cmd_link, "put the gptoss-spark command on PATH (/usr/local/bin)")
     step("rollback", cmd_rollback, "switch to previous, the last other version that served, with its unit")
     sp = step("uninstall", cmd_uninstall, "remove unit and code (config and state too with --purge)")
