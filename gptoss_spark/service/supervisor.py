@@ -673,6 +673,11 @@ class Supervisor:
                  pid=self.engine.pid if self.engine else None)
         if t.new == State.FAILED:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
+        if t.new in (State.FAILED, State.STOPPED) and self.guard.budget is not None:
+            # No engine and none coming until someone asks: its memory is the other services' to use
+            # (budget.py); the next start claims it again, through the same check.
+            if self.guard.budget.release():
+                log.info("memory claim released", state=t.new.value, claim=str(self.guard.budget.own_file))
         self.telemetry.journal(t.new.value)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         if t.new in (State.BACKOFF, State.FAILED):
