@@ -36,11 +36,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ..base.defaults import DEFAULT_CONFIG_PATH
 from ..base.fsutil import write_atomic
 from .layout import SERVICE, TEMPLATE_NAME, UNIT_NAME, Layout
 from .placement import Placed
 
-DEFAULT_CONFIG = "/etc/gptoss-spark/gptoss-spark.toml"
+DEFAULT_CONFIG = str(DEFAULT_CONFIG_PATH)  # as the unit's ExecStart and ExecReload spell it
 INSTANCE_CONFIG = "/etc/gptoss-spark/%i.toml"
 
 HEADER = """\
