@@ -128,8 +128,15 @@ fi
 # version is found out in one engine start.
 # A cluster worker turns ready only once the head orders it to join (docs/CLUSTER.md), and the head
 # may not be installed yet: its restart does not wait for READY, only for its supervisor to answer.
+# Instances (gptoss-spark@NAME, docs/CONFIGURATION.md) run the same current/ as the default: each one
+# that ran when install.sh began restarts after it, one at a time (two models loading at once could
+# outgrow the memory the budget gave them one by one), and one that does not become ready fails the
+# switch as the default would (switched back, all of them restarted on the version before).
+RUNNING_INSTANCES=()
+FAILED_UNIT=$SERVICE   # the unit whose journal says why a restart failed
 restart_service() {
-    START_EPOCH=$(date +%s)
+    local i
+    START_EPOCH=$(date +%s) FAILED_UNIT=$SERVICE
     systemctl reset-failed "$SERVICE" 2>/dev/null || true
     if [ "$(step cluster-role)" = worker ]; then
         systemctl restart --no-block "$SERVICE"
@@ -137,24 +144,43 @@ restart_service() {
     else
         systemctl restart "$SERVICE"
     fi
+    for i in "${RUNNING_INSTANCES[@]}"; do
+        echo "  restarting $i"
+        systemctl reset-failed "$i" 2>/dev/null || true
+        FAILED_UNIT=$i
+        systemctl restart "$i" || return 1
+        FAILED_UNIT=$SERVICE
+    done
+}
+# The one line that says why FAILED_UNIT did not become ready (an instance's named).
+why_line() {
+    [ "$FAILED_UNIT" = "$SERVICE" ] || printf '%s: ' "$FAILED_UNIT"
+    step why --since "$START_EPOCH" --unit "$FAILED_UNIT"
+}
+running_instances() {
+    local i
+    for i in $(step instances); do
+        systemctl is-active --quiet "$i" && RUNNING_INSTANCES+=("$i")
+    done
+    return 0
 }
 # The version switched to did not become ready: back to the one before it, with its unit.
 # $1: what was tried ("the new version", "the rolled-back-to version").
 switch_back_or_die() {
-    local why back why2
-    why="$(step why --since "$START_EPOCH")"
+    local why back failed=$FAILED_UNIT
+    why="$(why_line)"
     back="$(step switch-back)"
     if [ "$back" = - ]; then
-        die 30 "$1 did not become ready: $why; there is no earlier version to go back to (journalctl -u $SERVICE -e)"
+        die 30 "$1 did not become ready: $why; there is no earlier version to go back to (journalctl -u $failed -e)"
     fi
     warn "$1 did not become ready: $why; switching back to $back"
     systemctl daemon-reload
     if restart_service; then
         step served
-        die 24 "$1 did not become ready: $why; switched back to $back, which serves again, and removed the failed one (journalctl -u $SERVICE -e)"
+        die 24 "$1 did not become ready: $why; switched back to $back, which serves again, and removed the failed one (journalctl -u $failed -e)"
     fi
     step reclaim   # the failed version (removed after the restart: it would lengthen the gap)
-    die 30 "switched back to $back, but it does not serve either: $(step why --since "$START_EPOCH"); journalctl -u $SERVICE -e"
+    die 30 "switched back to $back, but it does not serve either: $(why_line); journalctl -u $FAILED_UNIT -e"
 }
 
 # ---------------------------------------------------------------- rollback
@@ -166,6 +192,7 @@ if [ "$ACTION" = rollback ]; then
     fi
     # What serves now has served: it becomes the version to roll forward to.
     systemctl is-active --quiet "$SERVICE" && step served
+    running_instances
     step rollback >/dev/null
     systemctl daemon-reload
     SWITCHED=switched
@@ -178,6 +205,11 @@ fi
 # ---------------------------------------------------------------- uninstall
 if [ "$ACTION" = uninstall ]; then
     status "Uninstalling $SERVICE"
+    # The instances first (gptoss-spark@NAME): their template goes with the code.
+    for INSTANCE in $(step instances); do
+        run systemctl disable --now "$INSTANCE" || true
+        [ "$DRY_RUN" = 1 ] || echo "  stopped and disabled $INSTANCE"
+    done
     if systemctl cat "$SERVICE" >/dev/null 2>&1; then
         run systemctl disable --now "$SERVICE" || true   # stop: drains, then stops the engine
     fi
@@ -241,6 +273,7 @@ status "Warm-up: each profile's engine starts once, so later starts compile noth
 step warmup --venv-id "$VENV_ID" "${DRY[@]}"
 
 status "Switching to $VENV_ID"
+[ "$DRY_RUN" = 1 ] || running_instances   # before the switch: they restart with the default
 # The version serving now has served: it stays as `previous` (never a version that failed).
 [ "$DRY_RUN" = 1 ] || ! systemctl is-active --quiet "$SERVICE" || step served --keep "$VENV_ID"
 SWITCHED="$(step switch "$VENV_ID" "${DRY[@]}")"   # current and the unit, together
@@ -277,6 +310,8 @@ if [ "$NO_START" = 1 ]; then
         && warn "the running service still runs the old version: systemctl restart $SERVICE"
     [ "$CLUSTER" = changed ] && systemctl is-active --quiet "$SERVICE" \
         && warn "the running service still runs the old [cluster] setting: systemctl restart $SERVICE"
+    [ "$SWITCHED" = switched ] && [ ${#RUNNING_INSTANCES[@]} -gt 0 ] \
+        && warn "the running instances still run the old version: systemctl restart ${RUNNING_INSTANCES[*]}"
     exit 0
 fi
 if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ] \
@@ -291,7 +326,7 @@ if ! restart_service; then
     if [ "$SWITCHED" = switched ]; then
         switch_back_or_die "the new version"
     fi
-    die 30 "$SERVICE does not serve: $(step why --since "$START_EPOCH"); journalctl -u $SERVICE -e"
+    die 30 "$FAILED_UNIT does not serve: $(why_line); journalctl -u $FAILED_UNIT -e"
 fi
 step served   # previous, from now on, may be this version; versions no link names are removed
 

@@ -18,7 +18,7 @@ from .bench import cli as bench_cli
 from .draft import cli as draft_cli
 from .flashinfer_jit import cli as flashinfer_cli
 from .install import cli as install_cli
-from .kernels import cli as kernels_cli
+from .kernel_tools import cli as kernels_cli
 
 # In the order `gptoss-spark --help` lists them.
 COMMAND_MODULES = (commands, bench_cli, draft_cli, admin_cli, install_cli, kernels_cli, flashinfer_cli, doctor,

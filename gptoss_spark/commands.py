@@ -10,6 +10,7 @@ from .service import logs
 from .service.api_access import check_api_access
 from .service.argcheck import profiles_rejected
 from .service.config import load_settings, resolve_config_path
+from .service.instance import check_instance
 from .base.defaults import CONFIG_HELP
 from .base.errors import ConfigError
 from .service.profiles import get_profile, load_profiles
@@ -37,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     settings = load_settings(resolve_config_path(args.config))
+    check_instance(settings, resolve_config_path(args.config))  # gptoss-spark@NAME's file: not the default's dirs
     if args.engine_python:
         engine = settings.engine.model_copy(update={"python": args.engine_python})
         settings = settings.model_copy(update={"engine": engine})
@@ -93,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     notifier = Notifier()  # takes NOTIFY_SOCKET out of the environment before anything can inherit it
     settings = load_settings(resolve_config_path(args.config))
+    check_instance(settings, resolve_config_path(args.config))  # an instance sharing the default's state: exit 2
     # The parts are built here, where a bad profile file is still a clean config error (exit 2).
     supervisor = Supervisor(settings, SupervisorParts.from_settings(settings), notifier=notifier)
     supervisor.initial_profile()  # a bad default_profile is a config error: exit before anything starts

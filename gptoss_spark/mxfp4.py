@@ -1,7 +1,7 @@
 """MXFP4 (OCP MX: e2m1 values, one E8M0 scale per 32 along K) in plain torch: the repo's one quantizer.
 
 Every user quantizes and dequantizes here: the demo model's experts (install/demo_model.py),
-the kernels' torch reference and baselines (kernels/reference.py, kernels/benchmark.py,
+the kernels' torch reference and baselines (kernels/reference.py, kernel_tools/benchmark.py,
 benchmarks/kernels/), the lm_head quality benchmark (benchmarks/lm_head_quality/) and the tests.
 It runs anywhere torch runs (CPU in CI).
 

@@ -22,7 +22,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.kernels.bench_moe import graph_ms  # noqa: E402
-from gptoss_spark.kernels.pdl import pdl_launch, pdl_launch_next, pdl_wait  # noqa: E402
+from gptoss_spark.kernels.device.pdl import pdl_launch, pdl_launch_next, pdl_wait  # noqa: E402
 
 PROGRAMS = 360
 

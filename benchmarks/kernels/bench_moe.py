@@ -34,11 +34,11 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss_spark.kernels.moe import DEFAULT_CONFIG, MoeLaunchConfig, launch_plan  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
-from gptoss_spark.kernels.router_logits import router_logits_partial  # noqa: E402
+from gptoss_spark.kernels.device.router_logits import router_logits_partial  # noqa: E402
 from gptoss_spark.mxfp4 import dequantize_mxfp4  # noqa: E402
 
 # One layer's shapes, timing, roofline and random layers: the same as `gptoss-spark kernels bench`.
-from gptoss_spark.kernels.benchmark import (  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import (  # noqa: E402
     BIAS_BYTES, DEV, E, EXPERT_BYTES, H, I, TOPK, Layer, decode_stages, graph_ms, roofline, routed)
 
 

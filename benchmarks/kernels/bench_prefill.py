@@ -25,35 +25,35 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels.benchmark import H, TOPK, Layer, median_ms  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, median_ms  # noqa: E402
 
 from gptoss_spark.kernels import reference  # noqa: E402
 from gptoss_spark.kernels.moe import MAX_DECODE_TOKENS, fused_moe_decode  # noqa: E402
-from gptoss_spark.kernels.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
+from gptoss_spark.kernels.device.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 
 
-def routed_prefill(x, lay, mma, cfg):
-    return moe_prefill_block(x, lay.rw, lay.rb, *lay.experts(), TOPK, mma=mma, config=cfg)
+def routed_prefill(x, lay, cfg):
+    return moe_prefill_block(x, lay.rw, lay.rb, lay.sw, TOPK, config=cfg)
 
 
 def decode_chunks(x, lay):
     """The decode kernels over x, MAX_DECODE_TOKENS tokens at a time."""
-    return torch.cat([fused_moe_decode(x[s:s + MAX_DECODE_TOKENS], lay.rw, lay.rb, *lay.experts(), TOPK)
+    return torch.cat([fused_moe_decode(x[s:s + MAX_DECODE_TOKENS], lay.rw, lay.rb, lay.sw, TOPK)
                       for s in range(0, x.shape[0], MAX_DECODE_TOKENS)])
 
 
-def profile(lay, mma, cfg, token_counts):
+def profile(lay, cfg, token_counts):
     """Per token count: the GPU time of each kernel the prefill path launches, summed over 10 calls / 10."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
     for m in token_counts:
         x = torch.randn(m, H, device="cuda").bfloat16()
-        routed_prefill(x, lay, mma, cfg)
+        routed_prefill(x, lay, cfg)
         torch.cuda.synchronize()
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
-                routed_prefill(x, lay, mma, cfg)
+                routed_prefill(x, lay, cfg)
             torch.cuda.synchronize()
         events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
         total = sum(e.device_time_total for e in events) / 10
@@ -77,7 +77,7 @@ def main():
     mma = mma_layout_for("cuda")
     layers = [Layer(seed=s) for s in range(2)]
     if args.profile:
-        return profile(layers[0], mma, replace(DEFAULT_PREFILL, **args.variants[0]),
+        return profile(layers[0], replace(DEFAULT_PREFILL, **args.variants[0]),
                        [int(t) for t in args.tokens.split(",")])
     print(f"# {torch.cuda.get_device_name()}  layout {mma}  us per layer (each layer's median, mean of "
           f"{len(layers)} layers)")
@@ -89,7 +89,7 @@ def main():
     cfgs = []
     for v in args.variants:
         cfg = replace(DEFAULT_PREFILL, **v)
-        err = rel_err(routed_prefill(x_check, layers[0], mma, cfg), ref)
+        err = rel_err(routed_prefill(x_check, layers[0], cfg), ref)
         assert err < 5e-3, (v, err)
         cfgs.append(cfg)
     for m in (int(t) for t in args.tokens.split(",")):
@@ -99,7 +99,7 @@ def main():
             """us of call(x, layer): each layer's median, averaged over the layers."""
             return sum(median_ms(lambda x=x, lay=lay: call(x, lay), rep=rep) for x, lay in zip(xs, layers)) \
                 / len(layers) * 1e3
-        row = [per_layer_us(lambda x, lay, cfg=cfg: routed_prefill(x, lay, mma, cfg), 50) for cfg in cfgs]
+        row = [per_layer_us(lambda x, lay, cfg=cfg: routed_prefill(x, lay, cfg), 50) for cfg in cfgs]
         row.append(per_layer_us(decode_chunks, 20))
         a = torch.randn(m * TOPK, H, device="cuda").bfloat16()
         w = torch.randn(H, 3 * H, device="cuda").bfloat16()  # gate_up (2 I) and down (H x I), I = H

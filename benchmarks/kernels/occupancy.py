@@ -66,10 +66,10 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from gptoss_spark.kernels.aot import _plan_name, compile_prefill_variants, compile_variants, parse_arch
+    from gptoss_spark.kernel_tools.aot import _plan_name, compile_prefill_variants, compile_variants, parse_arch
     from gptoss_spark.kernels.moe import DEFAULT_CONFIG
     from gptoss_spark.kernels.mxfp4_layout import mma_layout_for_capability
-    from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts
+    from gptoss_spark.kernel_tools.variants import GPT_OSS_120B, token_counts
     major, minor, _ = parse_arch(args.arch)
     if major not in LIMITS:
         sys.exit(f"occupancy.py: no per-SM limits for sm_{major}{minor}; known: 9.x, 12.x")

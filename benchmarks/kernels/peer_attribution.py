@@ -2,7 +2,7 @@
 
     python3 benchmarks/kernels/peer_attribution.py --peer PEER --out DIR [--tokens 32,256,512] [--repeats 5]
 
-Same protocol as `gptoss-spark kernels bench` (gptoss_spark/kernels/benchmark.py: one gpt-oss-120b
+Same protocol as `gptoss-spark kernels bench` (gptoss_spark/kernel_tools/benchmark.py: one gpt-oss-120b
 MoE layer, 8 layers of distinct weights, us per layer), three questions per token count:
 
 1. **Noise.** Ours and the peer's nw4 (its best configuration) timed alternately `--repeats`
@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels import peer, reference  # noqa: E402
-from gptoss_spark.kernels.benchmark import H, TOPK, Layer, graph_ms, ours, rel_err  # noqa: E402
-from gptoss_spark.kernels.bench_args import token_list  # noqa: E402
-from gptoss_spark.kernels.moe_prefill import prefill_config_for  # noqa: E402
+from gptoss_spark.kernel_tools import peer  # noqa: E402
+from gptoss_spark.kernels import reference  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, graph_ms, ours, rel_err  # noqa: E402
+from gptoss_spark.kernel_tools.bench_args import token_list  # noqa: E402
+from gptoss_spark.kernels.device.moe_prefill import prefill_config_for  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 
 # Stage of a kernel by its name. Ours: moe_prefill.py's / moe_gate_up.py's / moe_down.py's kernels, the

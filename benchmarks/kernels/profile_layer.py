@@ -29,7 +29,7 @@ def main() -> None:
     layer = Layer(seed=0)
     x = torch.randn(args.tokens, H, device=DEV).bfloat16()
     for _ in range(3):
-        fused_moe_decode(x, layer.rw, layer.rb, *layer.experts(), TOPK)
+        fused_moe_decode(x, layer.rw, layer.rb, layer.sw, TOPK)
     torch.cuda.synchronize()
 
 

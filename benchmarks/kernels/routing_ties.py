@@ -5,7 +5,7 @@
 Both compute the router logits in fp32 from the same bf16 inputs, in a different summation order
 (a tensor-core dot against cuBLAS's fp32 GEMM), so a token whose 4th and 5th logits are closer
 than that rounding can pick a different 4th expert. For the benchmark's first layer and inputs
-(gptoss_spark/kernels/benchmark.py) it prints how many tokens differ, their 4th-5th logit gap, and
+(gptoss_spark/kernel_tools/benchmark.py) it prints how many tokens differ, their 4th-5th logit gap, and
 the layer's relative error against the reference with and without them: a flipped token moves the
 benchmark's error column by itself.
 """
@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gptoss_spark.kernels import prefill_routing, reference  # noqa: E402
-from gptoss_spark.kernels.bench_args import token_list  # noqa: E402
-from gptoss_spark.kernels.benchmark import H, TOPK, Layer, ours, rel_err  # noqa: E402
+from gptoss_spark.kernels import reference  # noqa: E402
+from gptoss_spark.kernels.device import prefill_routing  # noqa: E402
+from gptoss_spark.kernel_tools.bench_args import token_list  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, ours, rel_err  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 
     python3 benchmarks/kernels/sweep_prefill.py [--tokens 16,32,64,128,256,512] [--block-m 8,16,32]
 
-The same protocol as `gptoss-spark kernels bench` (gptoss_spark/kernels/benchmark.py): one
+The same protocol as `gptoss-spark kernels bench` (gptoss_spark/kernel_tools/benchmark.py): one
 gpt-oss-120b layer, CUDA graph over 8 layers of distinct weights, us per layer. Columns: the
 decode kernels (up to 32 tokens) and the prefill kernels (moe_prefill.py) at each
 PrefillConfig.block_m. Each variant is checked against the torch reference first. What it picked
@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gptoss_spark.kernels import reference  # noqa: E402
-from gptoss_spark.kernels.benchmark import H, TOPK, Layer, graph_ms, rel_err  # noqa: E402
+from gptoss_spark.kernel_tools.benchmark import H, TOPK, Layer, graph_ms, rel_err  # noqa: E402
 from gptoss_spark.kernels.moe import MAX_DECODE_TOKENS, fused_moe_decode  # noqa: E402
-from gptoss_spark.kernels.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
+from gptoss_spark.kernels.device.moe_prefill import DEFAULT_PREFILL, moe_prefill_block  # noqa: E402
 from gptoss_spark.kernels.mxfp4_layout import mma_layout_for  # noqa: E402
 
 
@@ -49,10 +49,9 @@ def main():
         ref = reference.moe_block_ref(xs[0], *lays[0].args(), TOPK)
         fns = {}
         if m <= MAX_DECODE_TOKENS:
-            fns["decode"] = lambda x, lay: fused_moe_decode(x, lay.rw, lay.rb, *lay.experts(), TOPK)
+            fns["decode"] = lambda x, lay: fused_moe_decode(x, lay.rw, lay.rb, lay.sw, TOPK)
         for key, cfg in cfgs.items():
-            fns[key] = lambda x, lay, cfg=cfg: moe_prefill_block(x, lay.rw, lay.rb, *lay.experts(), TOPK, mma=mma,
-                                                               config=cfg)
+            fns[key] = lambda x, lay, cfg=cfg: moe_prefill_block(x, lay.rw, lay.rb, lay.sw, TOPK, config=cfg)
         cells = []
         for key in ["decode", *cfgs]:
             if key not in fns:

@@ -35,7 +35,8 @@ from .metrics import make_registry, render
 from .page import csp, new_nonce, render_page
 
 if TYPE_CHECKING:
-    from ..service.supervisor import Operation, Supervisor
+    from ..service.operations import Operation
+    from ..service.supervisor import Supervisor
 
 log = structlog.get_logger("gptoss_spark.admin")
 
@@ -152,7 +153,7 @@ def _schema_error(err: ValidationError) -> str:
 
 
 def create_app(supervisor: "Supervisor", settings: Settings | None = None) -> FastAPI:
-    from ..service.supervisor import Rejected  # the supervisor module is heavy; keep `import admin.auth` light
+    from ..service.operations import Rejected  # lazily: keep `import admin.auth` light
 
     settings = settings or supervisor.settings
     token_file = settings.admin.token_file

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import (cluster, demo_model, dropins, locks, patching, peer, placement, preflight, uninstall, validate, venvs,
-               versions, why)
+from . import (cluster, demo_model, dropins, instances, locks, patching, peer, placement, preflight, uninstall,
+               validate, venvs, versions, why)
 from .checks import Check
 from ..base.exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
 from ..base.defaults import ADMIN_PORT, LOOPBACK
@@ -258,6 +258,7 @@ def cmd_unit(args: argparse.Namespace) -> int:
     if is_current:
         if args.dry_run:
             placed = [placement.install_unit(layout, _source(args), dry_run=True),
+                      instances.install_template(layout, _source(args), dry_run=True),
                       *dropins.install_shipped(layout, _source(args), dry_run=True)]
         else:
             placed = versions.apply_unit(layout, args.venv_id)
@@ -336,7 +337,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    print(why.failure_reason(args.since))
+    print(why.failure_reason(args.since, args.unit))
     return 0
 
 
@@ -360,6 +361,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
     _say(*uninstall.uninstall(_layout(args), purge=args.purge, dry_run=args.dry_run))
+    return 0
+
+
+def cmd_instances(args: argparse.Namespace) -> int:
+    """The gptoss-spark@NAME units there are (enabled or loaded), one a line: what uninstall stops."""
+    for name in instances.all_instances(_layout(args)):
+        _answer(name)
     return 0
 
 
@@ -476,9 +484,11 @@ def register_steps(sub: argparse._SubParsersAction) -> None:
     step("reclaim", cmd_reclaim, "remove versions neither current nor previous names", dry=False)
     sp = step("why", cmd_why, "the one line that says why the service did not become ready", dry=False)
     sp.add_argument("--since", type=float, required=True, help="epoch seconds: look at the journal from then on")
+    sp.add_argument("--unit", default=SERVICE, help="whose journal (default: the service; an instance, gptoss-spark@NAME)")
     step("link", cmd_link, "put the gptoss-spark command on PATH (/usr/local/bin)")
     step("rollback", cmd_rollback, "switch to previous, the last other version that served, with its unit")
     sp = step("uninstall", cmd_uninstall, "remove unit and code (config and state too with --purge)")
     sp.add_argument("--purge", action="store_true")
+    step("instances", cmd_instances, "list the gptoss-spark@NAME units (enabled or loaded)", dry=False)
     step("status", cmd_status, "show installed versions", dry=False)
     step("summary", cmd_summary, "print endpoints and next steps", dry=False)

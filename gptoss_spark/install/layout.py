@@ -18,6 +18,7 @@ from ..base.defaults import DEFAULT_CONFIG_PATH
 
 SERVICE = "gptoss-spark"
 UNIT_NAME = "gptoss-spark.service"
+TEMPLATE_NAME = "gptoss-spark@.service"
 
 
 class InstallError(UserError):
@@ -119,6 +120,15 @@ class Layout:
     @property
     def dropin_dir(self) -> Path:
         return self.unit_dir / (UNIT_NAME + ".d")
+
+    # gptoss-spark@NAME (instances.py): generated from the unit, installed and removed with it.
+    @property
+    def template_file(self) -> Path:
+        return self.unit_dir / TEMPLATE_NAME
+
+    @property
+    def template_dropin_dir(self) -> Path:
+        return self.unit_dir / (TEMPLATE_NAME + ".d")
 
     def real(self, p: Path) -> str:
         """The path as the running system will see it (strip the test root)."""

@@ -1,6 +1,7 @@
-"""What --uninstall removes: the unit, the code and our link on PATH. The admin's config and the
-service's state (caches, demo model, last-good profile) stay unless --purge.
-Stopping the unit and deleting the user are install.sh's (systemctl, userdel)."""
+"""What --uninstall removes: the unit, the gptoss-spark@ template and our drop-in links for it, the
+code and our link on PATH. The admin's config, drop-ins and the services' state (caches, demo model,
+last-good profile) stay unless --purge. Stopping the units (the instances first) and deleting the
+user are install.sh's (systemctl, userdel)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ import shutil
 import stat
 from pathlib import Path
 
-from .layout import Layout
+from .instances import is_our_link
+from .layout import SERVICE, Layout
 from .placement import cli_link_is_ours
 
 
 def uninstall_plan(layout: Layout, *, purge: bool) -> tuple[list[Path], list[Path]]:
     """(remove, keep): existing paths only."""
-    remove = [layout.unit_file, layout.unit_file.with_name(layout.unit_file.name + ".old"), layout.opt_dir]
+    remove = [layout.unit_file, layout.unit_file.with_name(layout.unit_file.name + ".old"),
+              layout.template_file, layout.template_file.with_name(layout.template_file.name + ".old")]
+    tdir = layout.template_dropin_dir
+    ours = [p for p in sorted(tdir.iterdir()) if is_our_link(p)] if tdir.is_dir() else []
+    theirs = [p for p in sorted(tdir.iterdir()) if p not in ours] if tdir.is_dir() else []
+    remove += ours + ([tdir] if tdir.is_dir() and not theirs else [])  # the admin's drop-ins keep theirs
+    remove.append(layout.opt_dir)
     if cli_link_is_ours(layout):
         remove.append(layout.cli_link)  # someone else's file there is left alone
-    keep = [layout.dropin_dir, layout.etc_dir, layout.state_dir]
+    # Drop-ins of single instances (gptoss-spark@NAME.service.d) are the admin's as well.
+    keep = [layout.dropin_dir, *([tdir] if theirs else []),
+            *sorted(layout.unit_dir.glob(f"{SERVICE}@?*.service.d")), layout.etc_dir, layout.state_dir]
     if purge:
         remove += keep
         keep = []
@@ -34,7 +44,7 @@ def uninstall(layout: Layout, *, purge: bool, dry_run: bool = False) -> list[str
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
-        else:
+        elif p.exists() or p.is_symlink():  # a link in a directory removed just before is gone already
             p.unlink()
     for p in keep:
         lines.append(f"  kept {layout.real(p)} (--purge removes it)")

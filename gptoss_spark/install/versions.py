@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import dropins, placement
+from . import dropins, instances, placement
 from ..base.exit_codes import EXIT_NO_PREVIOUS, EXIT_VENV
 from ..base.fsutil import read_json, write_atomic
 from .layout import UNIT_NAME, InstallError, Layout
@@ -103,7 +103,8 @@ def has_shipped(layout: Layout, vid: str) -> bool:
 
 
 def apply_unit(layout: Layout, vid: str, *, dry_run: bool = False) -> list[Placed]:
-    """Install venvs/<vid>'s unit and drop-ins; remove a drop-in we wrote that it does not ship.
+    """Install venvs/<vid>'s unit, the gptoss-spark@ template rendered from it (instances.py) and its
+    drop-ins; remove a drop-in we wrote that it does not ship.
 
     The unit on disk is saved as .service.old only when it differs from what the
     installer last wrote there (someone edited it). A version installed before units
@@ -113,8 +114,14 @@ def apply_unit(layout: Layout, vid: str, *, dry_run: bool = False) -> list[Place
     root = layout.venvs_dir / vid / SHIPPED
     record = _read_json(layout.opt_dir / UNIT_RECORD)
     placed = [placement.install_unit(layout, root, dry_run=dry_run, last_written=record.get("unit"))]
-    placed += dropins.install_shipped(layout, root, dry_run=dry_run)
-    shipped = {p.path.name for p in placed[1:]}
+    try:
+        placed.append(instances.install_template(layout, root, dry_run=dry_run, last_written=record.get("template")))
+    except instances.TemplateError:
+        pass  # a version from before the template (its unit renders none): the template on disk stays
+    shipped_dropins = dropins.install_shipped(layout, root, dry_run=dry_run)
+    placed += shipped_dropins
+    shipped = {p.path.name for p in shipped_dropins}
+    placed += instances.link_dropins(layout, shipped, dry_run=dry_run)
     for name, sha in sorted(record.get("dropins", {}).items()):
         dest = layout.dropin_dir / name
         if name in shipped or dest.is_symlink() or not dest.is_file() or _sha(dest.read_bytes()) != sha:
@@ -125,8 +132,9 @@ def apply_unit(layout: Layout, vid: str, *, dry_run: bool = False) -> list[Place
     if not dry_run:
         _write_json(layout.opt_dir / UNIT_RECORD, {
             "unit": _sha(layout.unit_file.read_bytes()),
-            "dropins": {p.path.name: _sha(p.path.read_bytes()) for p in placed[1:]
-                        if p.action != "masked" and p.path.name in shipped and p.path.is_file()}})
+            "template": _sha(layout.template_file.read_bytes()) if layout.template_file.is_file() else None,
+            "dropins": {p.path.name: _sha(p.path.read_bytes()) for p in shipped_dropins
+                        if p.action != "masked" and p.path.is_file()}})
     return placed
 
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .counted_sum import MAX_ADDS
-from .moe_down import moe_down_kernel
-from .moe_gate_up import moe_gate_up_kernel
-from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, mma_layout_for
-from .pdl import pdl_launch
+from .device.counted_sum import MAX_ADDS
+from .device.moe_down import moe_down_kernel
+from .device.moe_gate_up import moe_gate_up_kernel
+from .device.pdl import pdl_launch
+from .device.router_logits import k_split, m_pad_for, router_logits_partial, topk_rows_for
+from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES, SwizzledExperts, mma_layout_for
 from .runtime import interpreting
-from .router_logits import k_split, m_pad_for, router_logits_partial, topk_rows_for
 
 MAX_DECODE_TOKENS = 32
 
@@ -212,13 +212,14 @@ def layout_version(device: torch.device) -> int:
     return _LAYOUTS[device]
 
 
-def check_shapes(x, router_w, w13, s13, w2, s2, top_k: int) -> tuple[int, int, int, int]:
+def check_shapes(x, router_w, experts: SwizzledExperts, top_k: int) -> tuple[int, int, int, int]:
     """Shapes of the kernels' layout (mxfp4_layout.SwizzledExperts) -> (M, H, E, I)."""
     m, h = x.shape
     e = router_w.shape[0]
     if not 1 <= m <= MAX_DECODE_TOKENS:
         raise ValueError(f"fused decode MoE takes 1..{MAX_DECODE_TOKENS} tokens, got {m}")
-    i = w13.shape[1] * 32
+    w13, s13, w2, s2 = experts.w13, experts.s13, experts.w2, experts.s2
+    i = experts.intermediate
     if (w13.shape != (e, 2 * i // 64, h // 64, BLOCK_BYTES) or s13.shape != (e, 2 * i // 64, h // 64, SCALE_BLOCK_BYTES)
             or w2.shape != (e, h // 64, i // 64, BLOCK_BYTES) or s2.shape != (e, h // 64, i // 64, SCALE_BLOCK_BYTES)):
         raise ValueError(f"expert tensors {tuple(w13.shape)}/{tuple(s13.shape)}/{tuple(w2.shape)}/{tuple(s2.shape)} "
@@ -234,33 +235,31 @@ class DecodeLaunches:
     """One call of the decode MoE for 1..32 tokens as its three launches, run in order:
     router(), gate_up(), down() -> [M, H] bf16 (the module docstring says what each does).
 
-    fused_moe_decode runs all three with DEFAULT_CONFIG on this device's layout version. The
-    benchmark composes them itself to time the stages (benchmark.decode_stages) and to sweep
-    launch configs; the tests pick the config and the layout (`mma`: the interpreter has no
-    device to ask) and read the routing the kernels wrote, `ids` [M, top_k] int32 and `weights`
+    fused_moe_decode runs all three with DEFAULT_CONFIG. The benchmark composes them itself to
+    time the stages (kernel_tools.benchmark.decode_stages) and to sweep launch configs; the tests
+    pick the config and read the routing the kernels wrote, `ids` [M, top_k] int32 and `weights`
     [M, top_k] fp32, after the launch that writes it (the router's last program, or gate_up's
-    programs when the plan puts the top-k there).
+    programs when the plan puts the top-k there). The layout version is the experts' own
+    (SwizzledExperts.mma: the interpreter has no device to ask).
     """
 
     def __init__(self, x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
-                 w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
-                 w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                 top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG, mma: int | None = None):
-        self.m, self.h, self.e, self.i = m, h, e, i = check_shapes(x, router_w, w13, s13, w2, s2, top_k)
+                 experts: SwizzledExperts, top_k: int, config: MoeLaunchConfig = DEFAULT_CONFIG):
+        self.m, self.h, self.e, self.i = m, h, e, i = check_shapes(x, router_w, experts, top_k)
         self.x = x = x.contiguous()
         self.router_w, self.router_b = router_w, router_b
-        self.w13, self.s13, self.b13, self.w2, self.s2, self.b2 = w13, s13, b13, w2, s2, b2
+        self.swizzled = experts
         self.top_k, self.config = top_k, config
         self.dev = dev = x.device
         interp = interpreting()
         decode = 1 if interp else config.decode  # no PTX in the interpreter
-        self.mma = mma = layout_version(dev) if mma is None else mma
+        self.mma = mma = experts.mma
         self.plan = plan = launch_plan(m, top_k, config, mma)
         self.pdl = config.pdl and not interp  # (griddepcontrol is PTX: not in the interpreter)
         # gate_up sums the router's partial logits: as many as router_logits_partial splits K into.
         router_splits = k_split(h, config.router_split_k, config.router_block_k)[1]
-        self.gate_up_kw, self.down_kw = expert_launch_kwargs(plan, config, h, i, e, top_k, b13 is not None,
-                                                             b2 is not None, mma, decode, interp, self.pdl,
+        self.gate_up_kw, self.down_kw = expert_launch_kwargs(plan, config, h, i, e, top_k, experts.b13 is not None,
+                                                             experts.b2 is not None, mma, decode, interp, self.pdl,
                                                              router_splits)
         self.h_buf = torch.empty((m, top_k, i), dtype=torch.bfloat16, device=dev)
         self.ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
@@ -279,17 +278,17 @@ class DecodeLaunches:
 
     def gate_up(self) -> None:
         """Launch 2: h = SwiGLU(x @ W13^T + b13) per selected expert (after router())."""
-        x, b13 = self.x, self.b13
+        x, sw = self.x, self.swizzled
         dummy = x  # stands in for absent biases and unused buffers; never read
         slots = min(self.e, self.m * self.top_k)
         moe_gate_up_kernel[(self.i // (32 if self.plan.gate_up_half_rows else 64), slots)](
-            x, self.w13, self.s13, b13 if b13 is not None else dummy,
+            x, sw.w13, sw.s13, sw.b13 if sw.b13 is not None else dummy,
             self.h_buf, self.ids, self.experts, self.n_experts, self.logits, self.weights,
             self.m, x.stride(0), self.e, **self.gate_up_kw)
 
     def down(self) -> torch.Tensor:
         """Launch 3: y = sum over the picks of weight * (h @ W2^T + b2) -> [M, H] bf16 (after gate_up())."""
-        m, h, dev, b2 = self.m, self.h, self.dev, self.b2
+        m, h, dev, sw = self.m, self.h, self.dev, self.swizzled
         out = torch.empty((m, h), dtype=torch.bfloat16, device=dev)
         split = self.config.down_split
         # Unused buffers get stand-ins of their own dtype: a pointer's dtype is part of the compiled
@@ -302,7 +301,7 @@ class DecodeLaunches:
             partial_out = torch.empty((split, m, h), dtype=torch.float32, device=dev)
         moe_down_kernel[(h // 64, split)](
             self.h_buf, self.ids, self.weights, self.experts, self.n_experts,
-            self.w2, self.s2, b2 if b2 is not None else self.x, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
+            sw.w2, sw.s2, sw.b2 if sw.b2 is not None else self.x, out, partial_out, _counters(dev)[DOWN_COUNTERS:],
             _sums(dev, h), m, out.stride(0), **self.down_kw)
         return out
 
@@ -314,12 +313,10 @@ class DecodeLaunches:
 
 
 def fused_moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
-                     w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
-                     w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
+                     experts: SwizzledExperts, top_k: int) -> torch.Tensor:
     """gpt-oss MoE block for 1..32 decode tokens: x [M, H] bf16 -> [M, H] bf16 (see reference.moe_block_ref).
 
-    Experts in the kernels' layout: w13/s13/b13/w2/s2/b2 as in mxfp4_layout.SwizzledExperts,
-    repacked for this device's layout version (mma_layout_for). What the custom ops (ops.py),
-    and so the vLLM plugin, call; DecodeLaunches has the stages one by one.
+    Experts repacked for this device's layout version (SwizzledExperts.from_checkpoint, mma_layout_for).
+    What the custom ops (ops.py), and so the vLLM plugin, call; DecodeLaunches has the stages one by one.
     """
-    return DecodeLaunches(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k).run()
+    return DecodeLaunches(x, router_w, router_b, experts, top_k).run()

@@ -182,12 +182,27 @@ def gate_up_rows_first(t: torch.Tensor) -> torch.Tensor:
 
 
 class SwizzledExperts:
-    """The experts of one MoE layer in the kernels' layout (what fused_moe_decode takes)."""
+    """The experts of one MoE layer in the kernels' layout, repacked for layout version `mma`.
 
-    def __init__(self, w13, s13, b13, w2, s2, b2, hidden: int, intermediate: int, mma: int):
+    What the launchers take (moe.fused_moe_decode, moe.DecodeLaunches, ops.moe_block_any,
+    device/moe_prefill.py): w13 [E, 2I/64, H/64, 2048] u8 (gate rows first, then up rows), s13
+    [E, 2I/64, H/64, 128] u8, b13 [E, 2I] or None; w2 [E, H/64, I/64, 2048], s2 [E, H/64, I/64, 128],
+    b2 [E, H] or None. The custom ops take the six tensors (tensors()), as torch.library needs, and
+    wrap them in this again.
+    """
+
+    def __init__(self, w13, s13, b13, w2, s2, b2, mma: int):
         self.w13, self.s13, self.b13 = w13, s13, b13
         self.w2, self.s2, self.b2 = w2, s2, b2
-        self.hidden, self.intermediate, self.mma = hidden, intermediate, mma
+        self.mma = mma
+
+    @property
+    def hidden(self) -> int:
+        return self.w13.shape[2] * BLOCK_K
+
+    @property
+    def intermediate(self) -> int:
+        return self.w13.shape[1] * BLOCK_ROWS // 2
 
     @classmethod
     def from_checkpoint(cls, w13, s13, b13, w2, s2, b2, mma: int | None = None) -> "SwizzledExperts":
@@ -200,9 +215,8 @@ class SwizzledExperts:
         mma = mma_layout_for(w13.device) if mma is None else mma
         return cls(swizzle_values(gate_up_rows_first(w13), mma), swizzle_scales(gate_up_rows_first(s13)),
                    None if b13 is None else gate_up_rows_first(b13).contiguous(),
-                   swizzle_values(w2, mma), swizzle_scales(s2), None if b2 is None else b2.contiguous(),
-                   hidden, intermediate, mma)
+                   swizzle_values(w2, mma), swizzle_scales(s2), None if b2 is None else b2.contiguous(), mma)
 
     def tensors(self) -> tuple:
-        """(w13, s13, b13, w2, s2, b2): the experts' arguments of fused_moe_decode and the custom ops, in order."""
+        """(w13, s13, b13, w2, s2, b2): the experts' arguments of the custom ops (ops.py), in order."""
         return self.w13, self.s13, self.b13, self.w2, self.s2, self.b2

@@ -21,9 +21,10 @@ import logging
 
 import torch
 
+from .device.moe_prefill import moe_prefill_block
+from .device.router_logits import router_logits_partial
 from .moe import fused_moe_decode, layout_version
-from .moe_prefill import moe_prefill_block
-from .router_logits import router_logits_partial
+from .mxfp4_layout import SwizzledExperts
 from .runtime import interpreting
 
 LIB = "gptoss_spark"
@@ -46,11 +47,17 @@ def _ran(path: str, m: int) -> None:
         log.info("gptoss-spark MoE kernels: %s path ran (first call: %d tokens)", path, m)
 
 
+def _swizzled(w13, s13, b13, w2, s2, b2) -> SwizzledExperts:
+    """An op's six expert tensors (torch.library takes tensors, not objects) as the launchers take them,
+    in the layout version they were repacked with on this device (the vLLM plugin's repack_layer)."""
+    return SwizzledExperts(w13, s13, b13, w2, s2, b2, mma=layout_version(w13.device))
+
+
 @torch.library.custom_op(f"{LIB}::moe_decode", mutates_args=(), device_types=DEVICE_TYPES)
 def moe_decode(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
                w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
                w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
-    return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+    return fused_moe_decode(x, router_w, router_b, _swizzled(w13, s13, b13, w2, s2, b2), top_k)
 
 
 @moe_decode.register_fake
@@ -68,23 +75,23 @@ def _router_logits_fake(x, router_w, router_b):
     return x.new_empty((x.shape[0], router_w.shape[0]), dtype=torch.float32)
 
 
-def moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k: int) -> torch.Tensor:
+def moe_block_any(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
+                  experts: SwizzledExperts, top_k: int) -> torch.Tensor:
     """Any number of tokens: up to DECODE_DISPATCH_TOKENS the decode kernels, more the prefill kernels,
     which read each expert once per block of its (token, k) pairs (moe_prefill.prefill_config_for)
     rather than run every token against every routed expert (docs/KERNELS.md, "Prefill")."""
     if x.shape[0] <= DECODE_DISPATCH_TOKENS:
         _ran("decode", x.shape[0])
-        return fused_moe_decode(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+        return fused_moe_decode(x, router_w, router_b, experts, top_k)
     _ran("prefill", x.shape[0])
-    return moe_prefill_block(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k,
-                             mma=layout_version(x.device))
+    return moe_prefill_block(x, router_w, router_b, experts, top_k)
 
 
 @torch.library.custom_op(f"{LIB}::moe_block", mutates_args=(), device_types=DEVICE_TYPES)
 def moe_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
               w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
               w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None, top_k: int) -> torch.Tensor:
-    return moe_block_any(x, router_w, router_b, w13, s13, b13, w2, s2, b2, top_k)
+    return moe_block_any(x, router_w, router_b, _swizzled(w13, s13, b13, w2, s2, b2), top_k)
 
 
 @moe_block.register_fake

@@ -5,7 +5,9 @@ Why claims and not MemAvailable alone: an engine that is still loading has not t
 so a second one started meanwhile would see it free, and on unified memory the two together freeze
 the host (docs/HARDWARE.md). A claim is a file `<memory.claims_dir>/<served_name>.json` naming the
 supervisor's pid and that process's start time; it is written when an engine is let start and holds
-while that supervisor runs (an engine in backoff will start again). A claim whose process is gone
+while that supervisor may start one (an engine in backoff will start again). A supervisor that gave up
+(`failed`) or was stopped on request (`stopped`) has no engine and starts none until asked: it stays up
+for the admin API, so it releases its claim (written again at its next start). A claim whose process is gone
 (or whose pid now belongs to another process) counts for nothing, so no cleanup is needed after a
 crash or a reboot.
 """
@@ -67,6 +69,21 @@ class MemoryBudget:
                 "start_time": _start_time(self.pid)}
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.own_file, json.dumps(body).encode(), sync_dir=False)
+
+    def release(self) -> bool:
+        """Remove this service's claim if it is this process's; True when one was removed. A file of the
+        same name written by another live process (a misconfigured twin with the same served_name) stays."""
+        try:
+            data = json.loads(self.own_file.read_text())
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and data.get("pid") not in (None, self.pid):
+            return False
+        try:
+            self.own_file.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def refusal(self, profile: str, memory_gib: float, floor_gib: float, total_gib: float) -> str | None:
         """Why a start of `profile` must not happen with the others' claims; None if the sum fits."""

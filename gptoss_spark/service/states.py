@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..base.exit_codes import EXIT_GAVE_UP, EXIT_REQUIREMENT, EXIT_USAGE
 from .config import RestartSettings
+from .exit_reason import failure_signature
 
 Clock = Callable[[], float]
 
@@ -96,28 +98,118 @@ class RestartPolicy:
         self._failures: collections.deque[float] = collections.deque()
         self.total_restarts = 0
 
-    def _prune(self) -> None:
-        horizon = self.clock() - self.settings.window
+    def _prune(self, now: float) -> None:
+        horizon = now - self.settings.window
         while self._failures and self._failures[0] < horizon:
             self._failures.popleft()
 
-    def record_failure(self) -> float | None:
-        """Note a failure now. Returns the delay before the next try, or None to give up."""
-        self._prune()
-        self._failures.append(self.clock())
-        n = len(self._failures)
-        if n >= self.settings.max_crashes:
-            return None
-        self.total_restarts += 1
-        return min(self.settings.backoff_initial * 2 ** (n - 1), self.settings.backoff_max)
+    def record_failure(self, now: float | None = None) -> float | None:
+        """Note a failure now (or at `now`, this policy's clock). Returns the delay before the next try, or None to give up."""
+        now = self.clock() if now is None else now
+        self._prune(now)
+        self._failures.append(now)
+        delay = backoff_delay(len(self._failures), self.settings)
+        if delay is not None:
+            self.total_restarts += 1
+        return delay
 
-    def recent_failures(self) -> int:
-        self._prune()
+    def recent_failures(self, now: float | None = None) -> int:
+        """Failures within the window before now (or `now`, read once by a caller that then decides on it)."""
+        self._prune(self.clock() if now is None else now)
         return len(self._failures)
 
     def reset(self) -> None:
         """A human asked for a fresh start (restart / profile switch): forget the old streak."""
         self._failures.clear()
+
+
+def backoff_delay(failures: int, settings: RestartSettings) -> float | None:
+    """The wait before the next try after the `failures`-th failure in the window; None = give up."""
+    if failures >= settings.max_crashes:
+        return None
+    return min(settings.backoff_initial * 2 ** (failures - 1), settings.backoff_max)
+
+
+def hopeless(exit_code: int | None, reached_ready: bool, reason: str,
+             last_exit: str | None) -> tuple[str | None, str | None]:
+    """(why a retry cannot help, or None; the signature to compare the next exit with).
+
+    Only exits before ready count: vLLM's usage error (exit 2), or the same exit twice in a
+    row. Crashes after ready, load timeouts, health and memory failures keep the backoff."""
+    if exit_code is None or reached_ready:
+        return None, last_exit
+    if exit_code == EXIT_USAGE:
+        return "the engine rejected its arguments (exit 2)", None
+    sig = failure_signature(reason)
+    return ("the engine failed the same way twice in a row" if sig == last_exit else None), sig
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An engine generation that ended without being asked to, in plain facts."""
+
+    reason: str
+    exit_code: int | None = None   # set when the engine process itself ended
+    reached_ready: bool = False
+    requirement: bool = False      # a requirement of the profile is unmet (no retry can meet it)
+
+
+class Next(str, enum.Enum):
+    UNMET = "unmet"          # a requirement unmet before the engine ever served: exit at once (EXIT_REQUIREMENT)
+    EXIT = "exit"            # failed, and the process exits with Decision.exit_code
+    ROLL_BACK = "roll back"  # a switch whose target never got ready: start Decision.profile at once
+    STAY_FAILED = "stay failed"  # failed, but up: wait for a restart or switch
+    RETRY = "retry"          # backoff for Decision.delay seconds, then start again
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the supervisor does after a Failure. `reason` is the state transition's reason
+    (for ROLL_BACK: the failed switch's error); counts_failure: record it in the RestartPolicy."""
+
+    next: Next
+    reason: str
+    last_exit: str | None
+    exit_code: int | None = None
+    delay: float | None = None
+    profile: str | None = None
+    counts_failure: bool = False
+
+
+def after_failure(failure: Failure, *, profile: str, ever_ready: bool, settings: RestartSettings,
+                  recent_failures: int, last_exit: str | None, roll_back_to: str | None) -> Decision:
+    """Give up, roll back or back off after an engine generation of `profile` ended on its own.
+
+    recent_failures: the RestartPolicy's failures in its window before this one; last_exit: the
+    failure signature of the last exit before ready (hopeless); roll_back_to: the last good profile
+    when a switch to `profile` is in progress, else None. Pure: the caller carries the decision out."""
+    why = failure.reason
+    if failure.requirement and not ever_ready:
+        return Decision(Next.UNMET, why, last_exit, exit_code=EXIT_REQUIREMENT)
+    if roll_back_to:
+        return Decision(Next.ROLL_BACK, f"profile {profile} failed: {why}; rolled back to {roll_back_to}",
+                        last_exit, profile=roll_back_to)
+    # Never served (or told to exit): `systemctl start` must fail loudly, not hang or pretend;
+    # RestartPreventExitStatus keeps systemd from looping on it.
+    exits = not ever_ready or settings.on_give_up == "exit"
+    give_up = Next.EXIT if exits else Next.STAY_FAILED
+    reason_hopeless, last_exit = hopeless(failure.exit_code, failure.reached_ready, why, last_exit)
+    if reason_hopeless:
+        # Retrying cannot fix it: fail now with the engine's own line, not after max_crashes.
+        return Decision(give_up, f"gave up at once, {reason_hopeless}: {why}", last_exit,
+                        exit_code=EXIT_GAVE_UP if exits else None)
+    if failure.requirement:  # unmet after having served: no retry, and not counted as a crash
+        delay, failures = None, recent_failures
+    else:
+        failures = recent_failures + 1
+        delay = backoff_delay(failures, settings)
+    if delay is None:
+        if exits:
+            return Decision(Next.EXIT, f"gave up: {why}", last_exit, counts_failure=not failure.requirement,
+                            exit_code=EXIT_REQUIREMENT if failure.requirement else EXIT_GAVE_UP)
+        return Decision(Next.STAY_FAILED, f"gave up after {failures} failures: {why}", last_exit,
+                        counts_failure=not failure.requirement)
+    return Decision(Next.RETRY, f"retry in {delay:g} s: {why}", last_exit, delay=delay, counts_failure=True)
 
 
 class StallDetector:

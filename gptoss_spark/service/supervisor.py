@@ -7,100 +7,51 @@ One asyncio task (run) walks the state machine of states.py:
                                                                       \\-> failed (gave up)
 
 Requests from outside (SIGHUP, SIGTERM, the admin API) never touch the engine:
-they are validated here, queued as a Command and carried out by run() at the
-next safe point, and their progress is visible as an Operation.
+they are validated here, queued as a Command (operations.py) and carried out by
+run() at the next safe point, and their progress is visible as an Operation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
 
 import structlog
 
-from . import cluster
 from .alerts import Alerter
 from .argcheck import ArgCheckUnavailable, profile_rejects
 from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
-from .exit_reason import failure_signature
 from ..base.errors import ConfigError, RequirementError
-from ..base.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT, EXIT_USAGE
+from ..base.exit_codes import EXIT_OK, EXIT_REQUIREMENT
 from .budget import MemoryBudget
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .startup import StartupHistory
 from .profiles import Profile, load_profiles, unknown_profiles
-from .status import (ClusterStatus, CommandKind, Counters, EngineStatus, GuardStatus, NodeStatus, OperationView,
+from .operations import Command, CommandQueue, Operation, Rejected
+from .status import (CommandKind, Counters, EngineStatus, GuardStatus,
                      OpStatus, StartStatus, SupervisorStatus, frozen_map)
+from .roles import Interrupted, NotStarted, role_for
 from .store import PersistedState, StateStore
-from .states import RestartPolicy, StallDetector, State, StateMachine, Transition
-from .systemd import Notifier, watchdog_interval
+from .states import Failure, Next, RestartPolicy, StallDetector, State, StateMachine, Transition, after_failure
+from .systemd import EXTEND_BY_SECONDS, EXTEND_EVERY_SECONDS, Notifier, watchdog_interval
 from .telemetry import SampleContext, TelemetrySampler
 from .throttle import ThrottleWatch
 
 log = structlog.get_logger("gptoss_spark.service.supervisor")
 
 # `gptoss-spark serve` exits EXIT_OK, EXIT_USAGE (bad settings or profile file), EXIT_REQUIREMENT
-# or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three.
-# An engine that exits EXIT_USAGE has had its arguments rejected (argparse: vLLM's usage error): a retry fails the same.
+# or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three (states.after_failure decides).
 
 LOAD_POLL_SECONDS = 1.0
-EXTEND_EVERY_SECONDS = 10.0
-EXTEND_BY_SECONDS = 60.0   # if we stop extending (hung supervisor, load timeout), systemd's start times out
 HEALTH_FAILURES_BEFORE_RESTART = 3
 # _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
 WEDGE_REASONS = ("wedged: ", "engine /health failed")
-
-
-@dataclass
-class Operation:
-    """A restart or profile switch asked for from outside, to poll until it ends."""
-
-    kind: CommandKind
-    target: str | None
-    from_profile: str | None
-    id: str = field(default_factory=lambda: secrets.token_hex(6))
-    status: OpStatus = OpStatus.PENDING
-    error: str | None = None
-    rolled_back_to: str | None = None
-    created: float = field(default_factory=time.time)
-    finished: float | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-
-    def finish(self, ok: bool, error: str | None = None) -> None:
-        self.status = OpStatus.SUCCEEDED if ok else OpStatus.FAILED
-        self.error = error
-        self.finished = time.time()
-        self.done.set()
-
-    def view(self) -> OperationView:
-        """The operation as it stands now, frozen (what the admin API and the status show)."""
-        return OperationView(self.id, self.kind, self.target, self.from_profile, self.status, self.error,
-                             self.rolled_back_to, self.created, self.finished)
-
-
-@dataclass
-class Command:
-    kind: CommandKind
-    op: Operation | None = None
-    # The target profile as validated when the command was accepted: vLLM's parser and the next
-    # engine get this object, so the operation reads the profile files once (edits after that
-    # need another restart).
-    profile: Profile | None = None
-
-
-class Rejected(Exception):
-    """A request the supervisor refuses without changing anything. code: busy|unknown|invalid|unmet|memory|state."""
-
-    def __init__(self, code: str, message: str):
-        self.code = code
-        super().__init__(message)
 
 
 @dataclass
@@ -150,17 +101,19 @@ class Supervisor:
         elif memory_source is not None:
             raise TypeError("memory_source is for a Supervisor that builds its own parts; put it in parts.guard")
         self.settings = settings
-        self.notifier = notifier or Notifier(socket_path="")
         self.store = parts.store
         self.guard = parts.guard
         self.alerts = Alerter(settings.alerts)
         self.engine_factory = engine_factory
         self.probe_factory = probe_factory  # (base_url, served_name, api_key) -> what /health etc. answer
+        self.notifier = notifier or Notifier(socket_path="")
+        # Requests from outside wait here for run()'s next safe point (operations.py).
+        self.commands = CommandQueue()
+        # Solo, or the head or worker of two nodes (roles.py): where the two-node protocol differs.
+        self.role = role_for(settings, self.commands, self.notifier, clock)
         # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
-        # engine (tests), which runs no vLLM argv.
-        self.role = settings.cluster.role if settings.cluster else None
-        # The worker's argv is the head's business (its parser runs there); the worker only follows orders.
-        self.engine_args_check = None if self.role == "worker" else engine_args_check
+        # engine (tests), which runs no vLLM argv, and on a worker, whose argv is the head's business.
+        self.engine_args_check = engine_args_check if self.role.checks_engine_args else None
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -175,20 +128,6 @@ class Supervisor:
         self.ever_ready = False
         self.last_error: str | None = None
         self.switches = {"ok": 0, "failed": 0}
-        self.operations: dict[str, Operation] = {}
-        self._op_order: list[str] = []
-        self._current_op: Operation | None = None
-        self._pending: Command | None = None
-        self._wake = asyncio.Event()
-        # Two nodes (cluster.py): the generation both halves of the engine share; the head's view of
-        # the worker; the worker's orders from the head and why its half of the generation ended.
-        self.generation: str | None = None
-        self.peer = cluster.PeerClient(settings) if self.role == "head" else None
-        self.peer_view: dict[str, object] | str | None = None
-        self.orders = cluster.WorkerOrders() if self.role == "worker" else None
-        # A head that is gone for good (powered off, cable out) sends no stop: the worker watches it.
-        self.head = cluster.PeerClient(settings, expect="head") if self.role == "worker" else None
-        self.generation_error: str | None = None
         # Every engine start's phases and compiles (startup.py): status, /metrics, the journal.
         self.starts = StartupHistory()
         self._load_phase_shown: str | None = None
@@ -213,7 +152,6 @@ class Supervisor:
         mem = self.guard.last
         # Before the guard's first reading (only while starting up) the host's total is read here.
         total = mem.total_bytes if mem is not None else self.guard.source.read().total_bytes
-        ops = {op_id: self.operations[op_id].view() for op_id in self._op_order if op_id in self.operations}
         return SupervisorStatus(
             state=self.state,
             profile=self.profile_name,
@@ -228,13 +166,13 @@ class Supervisor:
             counters=Counters(restarts=self.policy.total_restarts, recent_failures=self.policy.recent_failures(),
                               switches_ok=self.switches.get("ok", 0), switches_failed=self.switches.get("failed", 0)),
             guard=GuardStatus(reading=mem, trips=self.guard.trips, host_total_bytes=total),
-            operation=self._current_op.view() if self._current_op else None,
-            operations=frozen_map(ops),
+            operation=self.commands.current.view() if self.commands.current else None,
+            operations=frozen_map(self.commands.views()),
             transitions=tuple(self.sm.history),
             state_seconds=frozen_map(self.sm.seconds_in()),
             profiles=frozen_map(self.profiles),
             saved=self.store.current(),
-            cluster=self._cluster_status(),
+            cluster=self.role.status(self.state, self.profile_name, engine, self.last_error),
             start=StartStatus(current=self._start_in_progress(), last=self.starts.last.to_json()
                               if self.starts.last else None, histograms=self.starts.histograms_view()),
             telemetry=self.telemetry.latest,
@@ -248,24 +186,10 @@ class Supervisor:
         return {"phase": rec.current_phase(), "seconds": round(time.monotonic() - rec.spawned_at, 1),
                 "phases": rec.phases()}
 
-    def _node_status(self) -> NodeStatus:
-        assert self.role is not None and self.settings.cluster is not None
-        engine = self.engine
-        alive = engine is not None and engine.returncode is None
-        return NodeStatus(role=self.role, address=str(self.settings.cluster.address), state=self.state,
-                          profile=self.profile_name, generation=self.generation,
-                          engine_pid=engine.pid if alive else None,
-                          joined=bool(alive and engine.joined_at is not None), error=self.generation_error,
-                          last_error=self.last_error, venv=cluster.venv_name())
-
-    def _cluster_status(self) -> ClusterStatus | None:
-        if self.role is None or self.settings.cluster is None:
-            return None
-        peer = self.peer_view
-        return ClusterStatus(node=self._node_status(), peer_url=self.settings.peer_admin_url,
-                             generation=self.generation,
-                             peer_address=str(self.settings.cluster.peer) if self.role == "head" else None,
-                             peer=frozen_map(peer) if isinstance(peer, dict) else peer)
+    @property
+    def operations(self) -> Mapping[str, Operation]:
+        """The recent operations by id (the last operations.OPERATIONS_KEPT)."""
+        return self.commands.operations
 
     def persisted(self) -> PersistedState:
         return self.store.load()
@@ -274,24 +198,24 @@ class Supervisor:
 
     def request_stop(self) -> None:
         self.notifier.stopping(f"stopping: draining up to {self.settings.timeouts.drain:g} s")
-        self._queue(Command(CommandKind.STOP))
+        self.commands.put(Command(CommandKind.STOP))
 
     def request_restart(self) -> Operation:
         """Warm restart: engine only, same profile, caches kept. Validated first: a broken profile edit
         is reported here instead of taking down a serving engine."""
-        self._refuse_on_worker("restart")
-        self._ensure_idle()
+        self.role.refuse_request("restart")
+        self.commands.ensure_idle()
         if self.profile_name is None:
             raise Rejected("state", "the engine has not been started yet")
         profile = self._validated_profile(self.profile_name)
-        op = self._new_op(CommandKind.RESTART, profile.name)
-        self._queue(Command(CommandKind.RESTART, op, profile))
+        op = self.commands.new_operation(CommandKind.RESTART, profile.name, self.profile_name)
+        self.commands.put(Command(CommandKind.RESTART, op, profile))
         return op
 
     def request_switch(self, name: str) -> Operation | None:
         """Validate a switch to profile `name` and queue it. None = already active and ready (no-op)."""
-        self._refuse_on_worker("switch")
-        self._ensure_idle()
+        self.role.refuse_request("switch")
+        self.commands.ensure_idle()
         profile = self._validated_profile(name)
         if name == self.profile_name and self.state == State.READY:
             return None
@@ -302,32 +226,18 @@ class Supervisor:
                                            profile_gib=profile.memory_gib)
         if refusal:
             raise Rejected("memory", f"profile {name}: {refusal}")
-        op = self._new_op(CommandKind.SWITCH, name)
-        self._queue(Command(CommandKind.SWITCH, op, profile))
+        op = self.commands.new_operation(CommandKind.SWITCH, name, self.profile_name)
+        self.commands.put(Command(CommandKind.SWITCH, op, profile))
         return op
-
-    def _refuse_on_worker(self, what: str) -> None:
-        if self.role == "worker":
-            raise Rejected("worker", f"this node is the cluster's worker: {what} on the head "
-                                     f"({self.settings.peer_admin_url}), which drives both nodes")
 
     def order_from_head(self, generation: str, profile: str, run: bool) -> None:
         """The head's order (worker only): run rank 1 of `generation` with `profile`, or stop (run=False).
 
         An engine of another generation, or any engine when told to stop, is ended now; the next one
-        starts in _await_head_order."""
-        assert self.orders is not None
-        log.info("order from the head", generation=generation, profile=profile, run=run)
-        self.orders.give(generation, profile, run)
+        starts once the role sees the order (roles.Worker.before_start)."""
         engine_alive = self.engine is not None and self.engine.returncode is None
-        if engine_alive and (not run or generation != self.generation):
-            self._queue(Command(CommandKind.RESTART))
-
-    def _ensure_idle(self) -> None:
-        if (self._current_op and not self._current_op.done.is_set()) or self._pending is not None:
-            busy = self._current_op or (self._pending.op if self._pending else None)
-            raise Rejected("busy", f"another operation is in progress ({busy.kind.value} {busy.id})"
-                           if busy else "a stop is in progress")
+        if self.role.take_order(generation, profile, run, engine_alive):
+            self.commands.put(Command(CommandKind.RESTART))
 
     def _validated_profile(self, name: str) -> Profile:
         """The profile files read for this operation (the only read: the Command carries the result)."""
@@ -347,30 +257,6 @@ class Supervisor:
             raise Rejected("invalid", str(e)) from None
         self.profiles = profiles
         return profiles[name]
-
-    def _new_op(self, kind: CommandKind, target: str | None) -> Operation:
-        op = Operation(kind, target, self.profile_name)
-        self.operations[op.id] = op
-        self._op_order.append(op.id)
-        while len(self._op_order) > 50:
-            self.operations.pop(self._op_order.pop(0), None)
-        return op
-
-    def _queue(self, cmd: Command) -> None:
-        # A stop outranks everything; anything else only enters an empty slot (checked by callers).
-        if self._pending is None or cmd.kind == CommandKind.STOP:
-            if self._pending and self._pending.op and cmd.kind == CommandKind.STOP:
-                self._pending.op.finish(False, "cancelled: the service is stopping")
-            self._pending = cmd
-        self._wake.set()
-
-    def _take_command(self) -> Command | None:
-        cmd, self._pending = self._pending, None
-        self._wake.clear()
-        if cmd is not None and cmd.op is not None:
-            # From here until op.done, the operation is in progress: _ensure_idle refuses others (busy).
-            self._current_op = cmd.op
-        return cmd
 
     # ---- the main task ----------------------------------------------------------------------
 
@@ -430,46 +316,46 @@ class Supervisor:
             if ended.reached_ready:
                 rollback_to = None
             cmd = ended.command
-            if cmd is None and self.role == "worker":
-                # The head owns restarts (cluster.py): report why this half ended and wait for its order.
-                self.last_error = self.generation_error = ended.reason
+            if cmd is None and self.role.head_decides(ended.reason):
+                self.last_error = ended.reason  # this node's half ended: the head restarts both (cluster.py)
                 continue
             if cmd is None:
-                # The engine ended without being asked to.
+                # The engine ended without being asked to: states.after_failure decides what next.
                 self.last_error = ended.reason
-                if ended.requirement and not self.ever_ready:
-                    self.sm.to(State.FAILED, ended.reason, profile)
+                switching = op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set()
+                now = self.policy.clock()  # one reading: the decision and the record see the same window
+                decision = after_failure(
+                    Failure(ended.reason, ended.exit_code, ended.reached_ready, ended.requirement),
+                    profile=profile, ever_ready=self.ever_ready, settings=self.settings.restart,
+                    recent_failures=self.policy.recent_failures(now), last_exit=last_exit,
+                    roll_back_to=rollback_to if switching else None)
+                last_exit = decision.last_exit
+                if decision.next == Next.UNMET:
+                    self.sm.to(State.FAILED, decision.reason, profile)
                     return EXIT_REQUIREMENT
-                if op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set() and rollback_to:
+                if decision.next == Next.ROLL_BACK:
                     # A switch whose new profile never got ready: back to the last good one, at once.
+                    assert op is not None and decision.profile is not None
                     self.switches["failed"] += 1
-                    op.rolled_back_to = rollback_to
-                    op.finish(False, f"profile {profile} failed: {ended.reason}; rolled back to {rollback_to}")
-                    log.warning("switch failed, rolling back", target=profile, to=rollback_to, reason=ended.reason)
-                    profile, rollback_to, op = rollback_to, None, None
+                    op.rolled_back_to = decision.profile
+                    op.finish(False, decision.reason)
+                    log.warning("switch failed, rolling back", target=profile, to=decision.profile, reason=ended.reason)
+                    profile, rollback_to, op = decision.profile, None, None
                     continue  # next generation: stopping -> starting with the last-good profile
                 if op is not None and not op.done.is_set():
                     op.finish(False, ended.reason)
                 op = None
-                hopeless, last_exit = self._hopeless(ended, last_exit)
-                if hopeless:
-                    # Retrying cannot fix it: fail now with the engine's own line, not after max_crashes.
-                    self.sm.to(State.FAILED, f"gave up at once, {hopeless}: {ended.reason}", profile)
-                    if not self.ever_ready or self.settings.restart.on_give_up == "exit":
-                        return EXIT_GAVE_UP
-                    cmd = await self._wait_for_command(None)
-                elif (delay := None if ended.requirement else self.policy.record_failure()) is None:
-                    if not self.ever_ready or self.settings.restart.on_give_up == "exit":
-                        # Never served (or told to exit): `systemctl start` must fail loudly, not hang
-                        # or pretend; RestartPreventExitStatus keeps systemd from looping on it.
-                        self.sm.to(State.FAILED, f"gave up: {ended.reason}", profile)
-                        return EXIT_REQUIREMENT if ended.requirement else EXIT_GAVE_UP
-                    self.sm.to(State.FAILED, f"gave up after {self.policy.recent_failures()} failures: "
-                               f"{ended.reason}", profile)
-                    cmd = await self._wait_for_command(None)
+                if decision.counts_failure:
+                    self.policy.record_failure(now)
+                if decision.next == Next.RETRY:
+                    self.sm.to(State.BACKOFF, decision.reason, profile)
+                    cmd = await self.commands.wait(decision.delay)
                 else:
-                    self.sm.to(State.BACKOFF, f"retry in {delay:g} s: {ended.reason}", profile)
-                    cmd = await self._wait_for_command(delay)
+                    self.sm.to(State.FAILED, decision.reason, profile)
+                    if decision.next == Next.EXIT:
+                        assert decision.exit_code is not None
+                        return decision.exit_code
+                    cmd = await self.commands.wait(None)
                 if cmd is None:
                     continue
 
@@ -489,26 +375,6 @@ class Supervisor:
                     rollback_to = self.store.load().last_good_profile or profile
                     profile = op.target or profile
 
-    @staticmethod
-    def _hopeless(ended: _Ended, last_exit: str | None) -> tuple[str | None, str | None]:
-        """(why a retry cannot help, or None; the signature to compare the next exit with).
-
-        Only exits before ready count: vLLM's usage error (exit 2), or the same exit twice in a
-        row. Crashes after ready, load timeouts, health and memory failures keep the backoff."""
-        if ended.exit_code is None or ended.reached_ready:
-            return None, last_exit
-        if ended.exit_code == EXIT_USAGE:
-            return "the engine rejected its arguments (exit 2)", None
-        sig = failure_signature(ended.reason)
-        return ("the engine failed the same way twice in a row" if sig == last_exit else None), sig
-
-    async def _wait_for_command(self, delay: float | None) -> Command | None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except asyncio.TimeoutError:
-            return None
-        return self._take_command()
-
     async def _run_generation(self, name: str, op: Operation | None, loaded: Profile | None = None) -> _Ended:
         """Start one engine for profile `name`, serve until something ends it, leave it stopped.
 
@@ -516,17 +382,14 @@ class Supervisor:
         self.profile_name = name
         why = f"{op.kind.value} {op.id}" if op else "start"
         self.sm.to(State.STARTING, why, name)
-        if self.role == "worker":
-            got = await self._await_head_order()
-            if isinstance(got, _Ended):
-                return got
-            name = self.profile_name = got
+        go = await self.role.before_start(name)
+        if isinstance(go, Interrupted):
+            return self._interrupted(go.while_)
+        if isinstance(go, NotStarted):
+            return self._end_without_engine(go.reason, requirement=go.requirement)
+        if go.ordered:
+            name = self.profile_name = go.profile
             loaded = None  # the head names the profile: this node's own files say what it is
-        elif self.role == "head":
-            ended = await self._await_worker(name)
-            if ended is not None:
-                return ended
-            self.generation = cluster.new_generation()
         try:
             if loaded is None or loaded.name != name:
                 self.profiles = load_profiles(self.settings)
@@ -534,9 +397,8 @@ class Supervisor:
             profile = loaded
             profile.check_requirements(self.settings)
         except (RequirementError, ConfigError, KeyError) as e:
-            vanished = f"profile {name} is not among this node's profiles" if self.role == "worker" \
-                else f"profile {name} vanished"
-            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else vanished, requirement=True)
+            return self._end_without_engine(str(e) if not isinstance(e, KeyError) else self.role.missing_profile(name),
+                                            requirement=True)
         refusal = self.guard.start_refusal(profile.memory_gib, profile=name, claim=True)
         if refusal:
             return self._end_without_engine(f"memory guard refused start: {refusal}")
@@ -549,7 +411,7 @@ class Supervisor:
             self.sm.to(State.STOPPING, "spawn failed", name)
             return _Ended(f"could not start the engine: {e}")
         self.sm.to(State.LOADING, f"engine pid {engine.pid}", name)
-        probe = cluster.JoinProbe(engine) if self.role == "worker" else \
+        probe = self.role.own_probe(engine) or \
             self.probe_factory(engine.base_url, self.settings.model.served_name, read_api_key(self.settings))
 
         ended = await self._load(engine, probe, name)
@@ -557,7 +419,7 @@ class Supervisor:
         if ended is None:
             self.ever_ready = True
             self.engine_ready_since = self.clock()
-            self.sm.to(State.READY, self._ready_reason(engine), name)
+            self.sm.to(State.READY, self.role.ready_reason(engine.pid), name)
             self.notifier.ready(self._status_line())
             self.store.save(PersistedState(active_profile=name, last_good_profile=name))
             if op is not None and not op.done.is_set():
@@ -569,105 +431,11 @@ class Supervisor:
         await self._stop_engine(engine, ended, name)
         return ended
 
-    def _ready_reason(self, engine: EngineProcess) -> str:
-        if self.role == "worker":
-            return f"engine pid {engine.pid} joined the head (generation {self.generation})"
-        if self.role == "head":
-            return (f"engine pid {engine.pid} passed /health and the canary, the worker joined "
-                    f"(generation {self.generation})")
-        return f"engine pid {engine.pid} passed /health and the canary"
-
-    async def _await_head_order(self) -> str | _Ended:
-        """Worker: wait for the head's order to run a generation this node has not run yet.
-
-        Returns the profile to run, or why waiting ended (a stop)."""
-        assert self.orders is not None
-        next_extend = 0.0
-        while True:
-            if self._pending is not None:
-                return self._interrupted("waiting for the head")
-            o = self.orders.latest
-            if o.run and o.generation != self.generation and o.profile:
-                self.generation, self.generation_error = o.generation, None
-                if self.head is not None:
-                    self.head.failures = 0
-                log.info("starting rank 1 on the head's order", generation=o.generation, profile=o.profile)
-                return o.profile
-            if self.clock() >= next_extend:  # waiting for the head is progress too (systemd's start job)
-                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                next_extend = self.clock() + EXTEND_EVERY_SECONDS
-            self.orders.changed.clear()
-            waits = {asyncio.create_task(self.orders.changed.wait()), asyncio.create_task(self._wake.wait())}
-            try:
-                await asyncio.wait(waits, timeout=EXTEND_EVERY_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-
-    async def _await_worker(self, name: str) -> _Ended | None:
-        """Head: wait until the worker's supervisor answers and runs the same venv. None = go on.
-
-        Not counted as a failure while it lasts (the worker may boot later), bounded by timeouts.load."""
-        assert self.peer is not None
-        deadline = self.clock() + self.settings.timeouts.load
-        next_extend = 0.0
-        said = None
-        while True:
-            if self._pending is not None:
-                return self._interrupted("waiting for the worker")
-            view = await self.peer.node(self.settings.timeouts.probe_timeout)
-            self.peer_view = view
-            if isinstance(view, dict):
-                if view.get("venv") != cluster.venv_name():
-                    return self._end_without_engine(
-                        f"the worker runs venv {view.get('venv')}, this head {cluster.venv_name()}: install the "
-                        f"same version on both nodes (docs/CLUSTER.md)", requirement=True)
-                return None
-            if view != said:
-                log.warning("waiting for the worker", reason=view, profile=name)
-                said = view
-            now = self.clock()
-            if now >= deadline:
-                return self._end_without_engine(f"{view} for timeouts.load={self.settings.timeouts.load:g} s")
-            if now >= next_extend:
-                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                next_extend = now + EXTEND_EVERY_SECONDS
-            wake = asyncio.create_task(self._wake.wait())
-            try:
-                await asyncio.wait({wake}, timeout=LOAD_POLL_SECONDS)
-            finally:
-                wake.cancel()
-
     def _interrupted(self, while_: str) -> _Ended:
-        assert self._pending is not None
-        reason = f"{self._pending.kind.value} requested while {while_}"
+        assert self.commands.pending is not None
+        reason = f"{self.commands.pending.kind.value} requested while {while_}"
         self.sm.to(State.STOPPING, reason, self.profile_name)
-        return _Ended(reason, self._take_command())
-
-    async def _head_fault(self) -> str | None:
-        """Worker: a reason to end rank 1 when the head is unreachable or has moved to another generation."""
-        assert self.head is not None
-        view = await self.head.node(self.settings.timeouts.probe_timeout)
-        if isinstance(view, str):
-            self.head.failures += 1
-            if self.head.failures < cluster.UNREACHABLE_AFTER:
-                return None
-            return f"head unreachable {self.head.failures} times in a row: {view}"
-        self.head.failures = 0
-        return cluster.head_fault(view, self.generation)
-
-    async def _worker_fault(self, *, loading: bool) -> str | None:
-        """Head: poll the worker; a reason when its half of this generation is gone or unreachable."""
-        assert self.peer is not None
-        view = await self.peer.node(self.settings.timeouts.probe_timeout)
-        self.peer_view = view
-        if isinstance(view, str):
-            self.peer.failures += 1
-            if self.peer.failures < cluster.UNREACHABLE_AFTER:
-                return None
-            return f"worker unreachable {self.peer.failures} times in a row: {view}"
-        self.peer.failures = 0
-        return cluster.worker_fault(view, self.generation, loading=loading)
+        return _Ended(reason, self.commands.take())
 
     def _end_without_engine(self, reason: str, requirement: bool = False) -> _Ended:
         self.sm.to(State.STOPPING, reason, self.profile_name)
@@ -678,12 +446,9 @@ class Supervisor:
         deadline = self.clock() + self.settings.timeouts.load
         next_extend = 0.0
         last_canary_error = None
-        if self.peer is not None:
-            # Rank 0 first (it hosts vLLM's TCPStore on master_port), then the worker's rank 1.
-            refused = await self.peer.order(self.generation or "", name, True, self.settings.timeouts.probe_timeout)
-            if refused:
-                return _Ended(refused)
-            self.peer.failures = 0
+        refused = await self.role.after_spawn(name)
+        if refused:
+            return _Ended(refused)
         exit_task = asyncio.create_task(engine.exited())
         try:
             while True:
@@ -695,24 +460,21 @@ class Supervisor:
                     next_extend = now + EXTEND_EVERY_SECONDS
                 if exit_task.done():
                     return await self._engine_died(engine, name, " while loading")
-                if self._pending is not None:
-                    return _Ended(f"{self._pending.kind.value} requested while loading", self._take_command())
+                if self.commands.pending is not None:
+                    return _Ended(f"{self.commands.pending.kind.value} requested while loading", self.commands.take())
                 danger = self.guard.danger()
                 if danger:
                     return _Ended(f"memory guard: {danger}")
                 if now >= deadline:
                     extra = f"; last canary error: {last_canary_error}" if last_canary_error else ""
                     return _Ended(f"engine not ready within timeouts.load={self.settings.timeouts.load:g} s{extra}")
-                if self.peer is not None and (fault := await self._worker_fault(loading=True)):
-                    return _Ended(fault)
-                if self.head is not None and (fault := await self._head_fault()):
+                if fault := await self.role.fault(loading=True):
                     return _Ended(fault)
                 self._report_load_progress(engine, name)
                 if await probe.health(self.settings.timeouts.probe_timeout):
                     engine.startup.mark("health")
                     last_canary_error = await probe.canary(self.settings.timeouts.canary)
-                    if last_canary_error is None and (self.peer is None
-                                                      or cluster.worker_joined(self.peer_view, self.generation)):
+                    if last_canary_error is None and self.role.peer_joined():
                         engine.startup.mark("canary")
                         return None
                     log.warning("canary failed while loading", reason=last_canary_error, profile=name)
@@ -758,18 +520,17 @@ class Supervisor:
             while True:
                 if exit_task.done():
                     return await self._engine_died(engine, name)
-                if self._pending is not None:
-                    cmd = self._take_command()
+                if self.commands.pending is not None:
+                    cmd = self.commands.take()
                     if cmd.kind != CommandKind.STOP:
                         if await self._refused_by_vllm(cmd, name, exit_task):
                             continue  # nothing stopped: this engine serves on
-                        if self._pending is not None:  # a stop came while vLLM's parser ran: it wins
+                        if self.commands.pending is not None:  # a stop came while vLLM's parser ran: it wins
                             if cmd.op is not None:
                                 cmd.op.finish(False, "cancelled: the service is stopping")
                             continue
                         if exit_task.done():  # it died while vLLM's parser ran: the command waits its turn
-                            self._pending = cmd
-                            self._wake.set()
+                            self.commands.put(cmd)
                             continue
                         # systemd shows "reloading" until the READY=1 that the next generation sends.
                         self.notifier.reloading(f"{cmd.kind.value}: {name} -> {cmd.op.target if cmd.op else name}")
@@ -783,9 +544,7 @@ class Supervisor:
                 now = self.clock()
                 if now >= next_probe:
                     next_probe = now + t.probe_interval
-                    if self.peer is not None and (fault := await self._worker_fault(loading=False)):
-                        return _Ended(fault)
-                    if self.head is not None and (fault := await self._head_fault()):
+                    if fault := await self.role.fault(loading=False):
                         return _Ended(fault)
                     if await probe.health(t.probe_timeout):
                         health_failures = 0
@@ -823,7 +582,7 @@ class Supervisor:
         if cmd.op is not None:
             cmd.op.status = OpStatus.RUNNING
         check = asyncio.create_task(self.engine_args_check(self.settings, profile))
-        wake = asyncio.create_task(self._wake.wait())  # _queue sets it: a stop (nothing else fits now)
+        wake = asyncio.create_task(self.commands.wake.wait())  # CommandQueue.put sets it: a stop (nothing else fits now)
         try:
             await asyncio.wait({check, exit_task, wake}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -880,14 +639,10 @@ class Supervisor:
             log.error("engine tree survived SIGKILL", reason=str(e))
             self.last_error = str(e)
         self.engine_ready_since = None
-        if self.peer is not None and self.generation is not None:
-            # The worker's rank 1 outlives rank 0 and cannot join the next engine: it goes too.
-            refused = await self.peer.order(self.generation, name, False, self.settings.timeouts.probe_timeout)
-            if refused:
-                log.warning("could not tell the worker to stop its half", reason=refused, generation=self.generation)
+        await self.role.after_stop(name)
 
     async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int]) -> None:
-        wake = asyncio.create_task(self._wake.wait())
+        wake = asyncio.create_task(self.commands.wake.wait())
         try:
             await asyncio.wait({wake, exit_task}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -918,6 +673,11 @@ class Supervisor:
                  pid=self.engine.pid if self.engine else None)
         if t.new == State.FAILED:
             self.alerts.notify("gave_up", t.new.value, t.profile, t.reason)
+        if t.new in (State.FAILED, State.STOPPED) and self.guard.budget is not None:
+            # No engine and none coming until someone asks: its memory is the other services' to use
+            # (budget.py); the next start claims it again, through the same check.
+            if self.guard.budget.release():
+                log.info("memory claim released", state=t.new.value, claim=str(self.guard.budget.own_file))
         self.telemetry.journal(t.new.value)
         line = f"{t.new.value}: profile {t.profile} ({t.reason})"
         if t.new in (State.BACKOFF, State.FAILED):

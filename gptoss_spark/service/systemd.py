@@ -12,6 +12,12 @@ import time
 
 import sdnotify
 
+# While the engine loads (or a node waits for its peer) the supervisor sends EXTEND_TIMEOUT_USEC:
+# every EXTEND_EVERY_SECONDS, for EXTEND_BY_SECONDS. If it stops extending (a hung supervisor, a
+# load past timeouts.load), systemd's start job times out.
+EXTEND_EVERY_SECONDS = 10.0
+EXTEND_BY_SECONDS = 60.0
+
 
 class Notifier:
     def __init__(self, socket_path: str | None = None):

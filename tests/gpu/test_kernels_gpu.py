@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gptoss_spark.kernels.counted_sum import counted_add
+from gptoss_spark.kernels.device.counted_sum import counted_add
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -41,10 +41,15 @@ def make_block(e, m, top_k=4, bias=True, seed=0):
 
 
 def kernel_args(args):
-    """Checkpoint-layout block (make_block) -> the same block with the experts repacked for the kernels."""
+    """Checkpoint-layout block (make_block) -> (x, rw, rb, experts repacked for the kernels on this GPU)."""
     from gptoss_spark.kernels.mxfp4_layout import SwizzledExperts
     x, rw, rb, w13, s13, b13, w2, s2, b2 = args
-    sw = SwizzledExperts.from_checkpoint(w13, s13, b13, w2, s2, b2)
+    return x, rw, rb, SwizzledExperts.from_checkpoint(w13, s13, b13, w2, s2, b2)
+
+
+def op_args(args):
+    """Checkpoint-layout block -> the custom ops' arguments: the repacked experts as six tensors."""
+    x, rw, rb, sw = kernel_args(args)
     return (x, rw, rb, *sw.tensors())
 
 
@@ -96,7 +101,7 @@ def test_cuda_graph_capture_and_replay(m):
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
     ckpt = make_block(128, m)
-    x, *rest = kernel_args(ckpt)
+    x, *rest = op_args(ckpt)
     static_x = x.clone()
     g, static_out = capture_graph(lambda: torch.ops.gptoss_spark.moe_decode(static_x, *rest, 4))
     router = rest[:2]
@@ -111,7 +116,7 @@ def test_cuda_graph_capture_and_replay(m):
 
 def test_torch_compile_fullgraph():
     import gptoss_spark.kernels.ops  # noqa: F401
-    args = kernel_args(make_block(32, 2))
+    args = op_args(make_block(32, 2))
 
     def block(x, *w):
         return torch.ops.gptoss_spark.moe_decode(x * 1.0, *w, 4) + x
@@ -122,8 +127,8 @@ def test_torch_compile_fullgraph():
 
 
 def test_compile_only_for_sm121a():
-    from gptoss_spark.kernels import aot
-    from gptoss_spark.kernels.variants import GPT_OSS_120B
+    from gptoss_spark.kernel_tools import aot
+    from gptoss_spark.kernel_tools.variants import GPT_OSS_120B
     report = aot.build_compile_only("12.1a", shapes=(GPT_OSS_120B,))
     assert report.compiled and all(line.endswith("sm_121a") for line in report.compiled), report.compiled
 
@@ -148,9 +153,9 @@ SERVE_PREFILL = """
 """
 SERVE_IMPORTS = """
     import torch
-    from gptoss_spark.kernels import aot
+    from gptoss_spark.kernel_tools import aot
     from gptoss_spark.kernels.ops import moe_block, moe_decode, router_logits
-    from gptoss_spark.kernels.variants import MODEL_SHAPES
+    from gptoss_spark.kernel_tools.variants import MODEL_SHAPES
 """
 
 
@@ -159,7 +164,7 @@ def test_aot_build_leaves_nothing_to_compile(tmp_path):
     major, minor = torch.cuda.get_device_capability()
     build = f"""
         from pathlib import Path
-        from gptoss_spark.kernels import aot
+        from gptoss_spark.kernel_tools import aot
         print(aot.build_warm("{major}.{minor}", Path({str(tmp_path / "triton")!r})).compiled)
     """
     serve = SERVE_IMPORTS + """
@@ -176,16 +181,16 @@ def test_aot_prefill_launches_leave_nothing_to_compile(tmp_path):
     tokens), then prefill chunks of other lengths compile nothing (prefill_routing's kernels included)."""
     build = """
         import torch
-        from gptoss_spark.kernels import aot
-        from gptoss_spark.kernels.moe_prefill import moe_prefill_block, prefill_configs
-        from gptoss_spark.kernels.mxfp4_layout import mma_layout_for
+        from gptoss_spark.kernel_tools import aot
+        from gptoss_spark.kernels.device.moe_prefill import moe_prefill_block, prefill_configs
+        from gptoss_spark.kernels.mxfp4_layout import SwizzledExperts, mma_layout_for
         from gptoss_spark.kernels.ops import DECODE_DISPATCH_TOKENS
-        from gptoss_spark.kernels.variants import MODEL_SHAPES
+        from gptoss_spark.kernel_tools.variants import MODEL_SHAPES
         mma = mma_layout_for("cuda")
         for shape in MODEL_SHAPES:
             x, rw, rb, *experts = aot._dummy_inputs(shape, DECODE_DISPATCH_TOKENS + 1, "cuda")
             for cfg in prefill_configs(mma):
-                moe_prefill_block(x, rw, rb, *experts, shape.top_k, mma=mma, config=cfg)
+                moe_prefill_block(x, rw, rb, SwizzledExperts(*experts, mma=mma), shape.top_k, config=cfg)
         torch.cuda.synchronize()
     """
     _serving_adds_no_cache_entry(tmp_path, build, SERVE_IMPORTS + SERVE_PREFILL)
@@ -320,7 +325,7 @@ def test_prefill_matches_reference(experts, m):
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
     args = make_block(experts, m, seed=700 + m + experts)
-    out = torch.ops.gptoss_spark.moe_block(*kernel_args(args), 4)
+    out = torch.ops.gptoss_spark.moe_block(*op_args(args), 4)
     assert rel_err(out, reference.moe_block_ref(*args, 4)) < 5e-3
 
 
@@ -328,8 +333,9 @@ def test_prefill_matches_reference(experts, m):
 @pytest.mark.parametrize("m", [17, 300, 1500])
 def test_prefill_routing_matches_reference(experts, m):
     """prefill_routing at gpt-oss shapes: the reference's top-4 and weights (fp32 logits), its block tables."""
-    from gptoss_spark.kernels import prefill_routing, reference
-    from gptoss_spark.kernels.moe_prefill import prefill_config_for
+    from gptoss_spark.kernels import reference
+    from gptoss_spark.kernels.device import prefill_routing
+    from gptoss_spark.kernels.device.moe_prefill import prefill_config_for
     x, rw, rb, *_ = make_block(experts, m, seed=900 + m)
     ids, weights, counts = prefill_routing.route(x, rw, rb, 4)
     ref_ids, ref_w = reference.topk_softmax_ref(reference.router_logits_ref(x, rw, rb), 4)
@@ -350,7 +356,7 @@ def test_prefill_in_a_cuda_graph():
     import gptoss_spark.kernels.ops  # noqa: F401
     from gptoss_spark.kernels import reference
     ckpt = make_block(128, 64, seed=64)
-    x, *rest = kernel_args(ckpt)
+    x, *rest = op_args(ckpt)
     static_x = x.clone()
     g, static_out = capture_graph(lambda: torch.ops.gptoss_spark.moe_block(static_x, *rest, 4))
     for seed in (1, 2):

@@ -88,7 +88,7 @@ def test_giving_up_alerts_by_webhook_and_command(tmp_path, receiver):
     doc = receiver.bodies[0]
     assert doc.pop("content_type") == "application/json" and set(doc) == KEYS
     assert (doc["event"], doc["state"], doc["profile"], doc["host"]) == ("gave_up", "failed", "bad", socket.gethostname())
-    # the same crash twice before ready: given up at once (supervisor._hopeless), the alert says so
+    # the same crash twice before ready: given up at once (states.hopeless), the alert says so
     assert doc["reason"].startswith("gave up at once, the engine failed the same way twice in a row: "
                                     "engine exited with code 1 while loading")
     assert command_docs(tmp_path) == [doc]

@@ -701,6 +701,63 @@ def test_rollback_after_a_failed_upgrade(ns):
     assert http_code(ns, f"{ENGINE}/v1/models") == "200"
 
 
+INSTANCE_B = """\
+default_profile = "demo-b"
+[model]
+dir = "/var/lib/gptoss-spark/demo-model"
+served_name = "gptoss-b"
+tiktoken_dir = "/var/lib/gptoss-spark/tiktoken"
+[engine]
+port = 8110
+[admin]
+port = 8111
+[paths]
+state_dir = "/var/lib/gptoss-spark/b"
+"""
+
+
+def served_names(ns, port: int) -> list[str]:
+    out = ns.sh(f"curl -sf -m 10 http://127.0.0.1:{port}/v1/models", check=False).stdout
+    return [m["id"] for m in json.loads(out)["data"]] if out.strip() else []
+
+
+def test_a_second_instance_serves_beside_the_default_and_stops_alone(ns):
+    """gptoss-spark@b, the template install.sh generated from the unit: the demo model under demo-b on
+    8110/8111 beside the default service; stopped, it leaves the default serving. An instance file that
+    would share the default's state dir is refused at start (exit 2, no engine)."""
+    ns.sh("mkdir -p /etc/systemd/system/gptoss-spark@b.service.d && "  # pinned to one core like the default
+          "printf '[Service]\\nCPUAffinity=1\\n' > /etc/systemd/system/gptoss-spark@b.service.d/10-test.conf")
+    ns.sh(f"printf %s {quote(INSTANCE_B)} > /etc/gptoss-spark/b.toml")
+    bad = INSTANCE_B.replace("8110", "8120").replace("8111", "8121").replace('"gptoss-b"', '"gptoss-bad"')
+    ns.sh(f"printf %s {quote(bad.split('[paths]')[0])} > /etc/gptoss-spark/bad.toml && systemctl daemon-reload")
+    assert ns.sh("systemctl start gptoss-spark@bad", check=False, timeout=120).returncode != 0
+    assert ns.sh("systemctl show gptoss-spark@bad -p ExecMainStatus --value").stdout.strip() == "2"
+    refusal = ns.sh("journalctl -u gptoss-spark@bad --no-pager -o cat").stdout
+    assert "/etc/gptoss-spark/bad.toml: paths.state_dir: is /var/lib/gptoss-spark, but" in refusal, refusal
+    ns.sh("systemctl reset-failed gptoss-spark@bad; rm -r /etc/gptoss-spark/bad.toml /var/lib/gptoss-spark/bad")
+
+    main_before = show(ns, "MainPID")["MainPID"]
+    timed("instance_start_s", ns, "systemctl enable --now gptoss-spark@b", timeout=600)
+    assert served_names(ns, 8110) == ["gptoss-b"] and served_names(ns, 8100) == ["gptoss"]
+    b = admin_json_at(ns, 8111, "/admin/profile")
+    assert b["active"] == "demo-b" and b["state"] == "ready", b
+    ns.sh("test \"$(stat -c %U /var/lib/gptoss-spark/b)\" = gptoss-spark && test -f /var/lib/gptoss-spark/b/state.json")
+    # The shipped syscall filter reaches the instance (a link to the default's drop-in); no GPU clock lines.
+    props = ns.sh("systemctl show gptoss-spark@b -p SystemCallFilter -p ExecStartPre -p ExecStopPost").stdout
+    assert "SystemCallFilter=" in props and "SystemCallFilter=\n" not in props + "\n", props
+    assert "gpu-clock" not in props, props
+
+    timed("instance_stop_s", ns, "systemctl stop gptoss-spark@b", timeout=200)
+    assert http_code(ns, "http://127.0.0.1:8110/health") == "000"
+    assert served_names(ns, 8100) == ["gptoss"] and show(ns, "MainPID")["MainPID"] == main_before
+    assert ns.sh("systemctl is-enabled gptoss-spark@b").stdout.strip() == "enabled"  # uninstall disables it
+
+
+def admin_json_at(ns, port: int, path: str) -> dict:
+    return json.loads(ns.sh('curl -sf -m 30 -H "Authorization: Bearer $(cat /etc/gptoss-spark/admin.token)" '
+                            f"http://127.0.0.1:{port}{path}").stdout)
+
+
 def test_stop_leaves_no_process(ns):
     t0 = ns_now(ns)
     timed("stop_s", ns, "systemctl stop gptoss-spark", timeout=200)
@@ -722,6 +779,11 @@ def test_uninstall_keeps_config(ns):
     ns.sh("test \"$(stat -c %a:%U:%G /etc/gptoss-spark/api.key)\" = 600:root:root")
     ns.sh("test -d /var/lib/gptoss-spark")
     assert "could not be found" in ns.sh("systemctl status gptoss-spark 2>&1", check=False).stdout
+    # The instance (left enabled by the test before) is disabled, the template gone; the admin's drop-in stays.
+    ns.sh("test ! -e /etc/systemd/system/gptoss-spark@.service && "
+          "test ! -e /etc/systemd/system/multi-user.target.wants/gptoss-spark@b.service && "
+          "test ! -e /etc/systemd/system/gptoss-spark@.service.d && "
+          "test -f /etc/systemd/system/gptoss-spark@b.service.d/10-test.conf")
 
 
 def test_host_untouched(ns):

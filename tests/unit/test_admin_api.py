@@ -85,7 +85,7 @@ def make_ready(sup: Supervisor, name: str = "demo") -> None:
 def fingerprint(sup: Supervisor) -> tuple:
     """Everything a refused request must leave alone."""
     f = sup.settings.state_file
-    return (sup.profile_name, sup.state, f.read_bytes() if f.exists() else None, sup._pending,
+    return (sup.profile_name, sup.state, f.read_bytes() if f.exists() else None, sup.commands.pending,
             len(sup.operations), dict(sup.switches))
 
 
@@ -190,7 +190,7 @@ def test_switch_is_accepted_with_202_and_an_operation_to_poll(env):
     assert body["kind"] == "switch" and body["target"] == "demo-b" and body["from"] == "demo"
     assert body["status"] == "pending" and body["poll"] == f"/admin/operations/{body['id']}"
     assert poll.status_code == 200 and poll.json()["id"] == body["id"]
-    assert sup._pending is not None and sup._pending.op.id == body["id"]
+    assert sup.commands.pending is not None and sup.commands.pending.op.id == body["id"]
 
 
 def test_switch_to_the_active_ready_profile_is_a_200_noop(env):
@@ -208,9 +208,9 @@ def test_wait_true_returns_when_the_operation_ends(env):
 
     async def go(c):
         async def finish_soon():
-            while sup._pending is None:
+            while sup.commands.pending is None:
                 await asyncio.sleep(0.01)
-            sup._pending.op.finish(False, "profile demo-b failed: boom; rolled back to demo")
+            sup.commands.pending.op.finish(False, "profile demo-b failed: boom; rolled back to demo")
         helper = asyncio.create_task(finish_soon())
         r = await c.put("/admin/profile?wait=true", json={"name": "demo-b"}, headers=auth())
         await helper
@@ -427,7 +427,7 @@ def test_a_switch_in_progress_keeps_refusing_others_until_it_ends(env):
 
     async def go(c):
         first = await c.put("/admin/profile", json={"name": "demo-b"}, headers=auth())
-        sup._take_command()  # what the run loop does when it starts carrying it out
+        sup.commands.take()  # what the run loop does when it starts carrying it out
         during = await c.put("/admin/profile", json={"name": "demo"}, headers=auth())
         restart = await c.post("/admin/restart", headers=auth())
         shown = (await c.get("/admin/profile")).json()["operation"]

@@ -155,7 +155,7 @@ def test_profile_switch_no_wait_queues_it(service, config, capsys):
     service.do(lambda: make_ready(service.sup))
     assert cli.main(["profile", "demo-b", "--no-wait", "--config", str(config)]) == 0
     assert "switching demo -> demo-b" in capsys.readouterr().out
-    pending = service.do(lambda: service.sup._pending)
+    pending = service.do(lambda: service.sup.commands.pending)
     assert pending is not None and pending.op.target == "demo-b"
 
 
@@ -164,9 +164,9 @@ def test_profile_switch_waits_and_reports_a_failure_with_its_rollback(service, c
 
     def fail_it_when_queued():
         async def go():
-            while service.sup._pending is None:
+            while service.sup.commands.pending is None:
                 await asyncio.sleep(0.02)
-            op = service.sup._pending.op
+            op = service.sup.commands.pending.op
             op.rolled_back_to = "demo"
             sm = service.sup.sm
             sm.to(State.DRAINING, "test", "demo-b")

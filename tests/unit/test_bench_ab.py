@@ -223,7 +223,7 @@ def test_unknown_profile_names_the_known_ones(capsys, service, config):  # noqa:
 def test_a_service_that_is_not_ready_is_refused_before_any_switch(capsys, service, config):  # noqa: F811
     rc, err = run_cli(capsys, "demo", "demo-b", "--config", str(config))
     assert rc == 2 and "the service is not ready (state stopped, profile -)" in err
-    assert service.do(lambda: service.sup._pending) is None
+    assert service.do(lambda: service.sup.commands.pending) is None
 
 
 def test_no_token_no_switch(capsys, service, config, tmp_path):  # noqa: F811
@@ -231,7 +231,7 @@ def test_no_token_no_switch(capsys, service, config, tmp_path):  # noqa: F811
     (tmp_path / "admin.token").unlink()
     rc, err = run_cli(capsys, "demo", "demo-b", "--config", str(config))
     assert rc == 77 and "admin token file" in err
-    assert service.do(lambda: service.sup._pending) is None
+    assert service.do(lambda: service.sup.commands.pending) is None
 
 
 def test_a_failed_switch_reports_its_error_and_rollback(service, config):  # noqa: F811
@@ -239,9 +239,9 @@ def test_a_failed_switch_reports_its_error_and_rollback(service, config):  # noq
 
     def fail_it_when_queued():
         async def go():
-            while service.sup._pending is None:
+            while service.sup.commands.pending is None:
                 await asyncio.sleep(0.02)
-            op = service.sup._pending.op
+            op = service.sup.commands.pending.op
             op.rolled_back_to = "demo"
             op.finish(False, "profile demo-b failed: engine exited with code 2")
         return asyncio.ensure_future(go())

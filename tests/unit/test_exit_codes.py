@@ -10,7 +10,7 @@ from gptoss_spark.admin.client import ApiError, ServiceDown, TokenUnreadable
 from gptoss_spark.bench.target import ServerUnreachable
 from gptoss_spark.base.errors import RequirementError, UserError
 from gptoss_spark.install import patching
-from gptoss_spark.kernels.aot import ToolchainError
+from gptoss_spark.kernel_tools.aot import ToolchainError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ def _res(peer=True):
 def test_table_puts_ours_beside_the_best_peer_and_the_roofline():
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from gptoss_spark.kernels import benchmark
+    from gptoss_spark.kernel_tools import benchmark
     md = benchmark.render(_res())
     header, _, row = md.strip().splitlines()[-3:]
     cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
@@ -33,7 +33,7 @@ def test_table_puts_ours_beside_the_best_peer_and_the_roofline():
 
 def test_bad_peer_path_is_one_line(tmp_path, capsys):
     pytest.importorskip("torch")
-    from gptoss_spark.kernels import peer
+    from gptoss_spark.kernel_tools import peer
     with pytest.raises(peer.PeerError, match="no triton_kernels/matmul_ogs.py"):
         peer.load(tmp_path)
 

@@ -29,15 +29,15 @@ def test_compile_only_build_for_sm121a():
     """Every kernel of one model shape compiles to sm_121a with the Triton here (3.9); the device checks 3.6."""
     pytest.importorskip("triton")
     r = run_py("""
-        from gptoss_spark.kernels import aot
-        from gptoss_spark.kernels.variants import GPT_OSS_120B
+        from gptoss_spark.kernel_tools import aot
+        from gptoss_spark.kernel_tools.variants import GPT_OSS_120B
         report = aot.build_compile_only("12.1a", shapes=(GPT_OSS_120B,))
         print("\\n".join(report.compiled))
     """, TRITON_DEFAULT_FP_FUSION="1")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) >= 6 and all(line.endswith("sm_121a") for line in lines), r.stdout
-    from gptoss_spark.kernels.moe_prefill import prefill_configs
+    from gptoss_spark.kernels.device.moe_prefill import prefill_configs
     configs = prefill_configs(2)  # sm_121a: layout 2
     for kernel in ("prefill_align_kernel", "moe_prefill_gate_up_kernel", "moe_prefill_down_kernel"):
         assert sum(kernel in line for line in lines) == len(configs), r.stdout
@@ -53,14 +53,15 @@ def test_compile_only_jobs_set_every_constexpr(major):
     the JIT binds them at a launch: one left out compiles as an i32 argument, another kernel than the one that
     runs (ALPHA and LIMIT once did). And the launches' own constexprs are in it unchanged."""
     pytest.importorskip("triton")
-    from gptoss_spark.kernels import aot, moe
-    from gptoss_spark.kernels.moe_gate_up import SWIGLU_ALPHA, moe_gate_up_kernel
-    from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts
+    from gptoss_spark.kernel_tools import aot
+    from gptoss_spark.kernels import moe
+    from gptoss_spark.kernels.device.moe_gate_up import SWIGLU_ALPHA, moe_gate_up_kernel
+    from gptoss_spark.kernel_tools.variants import GPT_OSS_120B, token_counts
     from gptoss_spark.kernels.mxfp4_layout import mma_layout_for_capability
     mma = mma_layout_for_capability(major)
     jobs = [j for m in token_counts(GPT_OSS_120B, mma) for j in aot.variant_jobs(GPT_OSS_120B, m, major)[0]]
     jobs += aot.prefill_jobs(GPT_OSS_120B, major)[0]
-    from gptoss_spark.kernels.moe_prefill import prefill_configs
+    from gptoss_spark.kernels.device.moe_prefill import prefill_configs
     assert len(jobs) == 3 * len(token_counts(GPT_OSS_120B, mma)) + 3 * len(prefill_configs(mma)) + 2
     for kernel, ptrs, consts, opts in jobs:
         signature, bound = aot.source_args(kernel, ptrs, consts)
@@ -90,9 +91,9 @@ def test_down_reads_the_routing_before_its_pdl_wait_only_once_released(m):
     r = run_py(f"""
         import re
         from triton.backends.compiler import GPUTarget
-        from gptoss_spark.kernels.aot import compile_variants
+        from gptoss_spark.kernel_tools.aot import compile_variants
         from gptoss_spark.kernels.moe import DEFAULT_CONFIG, launch_plan
-        from gptoss_spark.kernels.variants import GPT_OSS_120B
+        from gptoss_spark.kernel_tools.variants import GPT_OSS_120B
         print(launch_plan({m}, 4, DEFAULT_CONFIG, 2).topk_in_gate_up)
         for name, k in compile_variants(GPT_OSS_120B, {m}, GPUTarget("cuda", 121, 32)):
             ptx = k.asm["ptx"]
@@ -130,7 +131,7 @@ def test_bad_arch_is_a_user_error(capsys):
 
 
 def test_default_cache_is_the_engines_triton_cache(tmp_path):
-    from gptoss_spark.kernels.cli import engine_triton_cache
+    from gptoss_spark.kernel_tools.cli import engine_triton_cache
     cfg = tmp_path / "gptoss-spark.toml"
     cfg.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
     assert engine_triton_cache(str(cfg)) == tmp_path / "state" / "cache" / "triton"

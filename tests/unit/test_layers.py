@@ -23,7 +23,8 @@ FLOORS: list[set[str]] = [
     {"service"},                  # the supervisor and what it is made of
     {"admin", "install"},         # the admin API and its client; the installer
     {"kernels"},
-    {"flashinfer_jit"},
+    {"flashinfer_jit", "kernel_tools"},  # ahead-of-time builds: FlashInfer's modules; our kernels' build
+                                          # and benchmark
     {"bench"},
     {"draft"},
     {"warmup"},                   # start each profile's engine once (runs the service's engine)
@@ -162,6 +163,20 @@ def test_the_floor_imports_nothing_of_ours_but_itself():
     floor = {m: ts for m, ts in g.items() if top_package(m) == "base"}
     assert len(floor) >= 6, floor
     assert {t for ts in floor.values() for t in ts if top_package(t) != "base"} == set()
+
+
+# What the kernels' Triton modules (kernels/device/) may import of the package above them: the weight
+# layout they read and whether the interpreter runs them. The face above (ops, moe, the plugin)
+# composes them, never the other way round.
+DEVICE_MAY_IMPORT = {"gptoss_spark.kernels.mxfp4_layout", "gptoss_spark.kernels.runtime"}
+
+
+def test_the_kernels_device_modules_import_only_each_other_the_layout_and_the_runtime():
+    g = graph(PACKAGE)
+    device = {m: ts for m, ts in g.items() if m.startswith("gptoss_spark.kernels.device")}
+    assert len(device) >= 10, device
+    assert {t for ts in device.values() for t in ts
+            if not t.startswith("gptoss_spark.kernels.device") and t not in DEVICE_MAY_IMPORT} == set()
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -61,3 +61,13 @@ def test_without_a_budget_the_guard_asks_memavailable_only(tmp_path):
     guard = MemoryGuard(MemorySettings(start_floor_gib=4), Fixed(available_gib=20))
     assert guard.start_refusal(24, profile="plain-20b", claim=True).startswith("only 20.0 GiB available")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_release_removes_only_this_process_s_claim(tmp_path):
+    mine = MemoryBudget(tmp_path, "gptoss-20b")
+    mine.claim("plain-20b", 24)
+    assert mine.release() is True and not mine.own_file.exists()
+    assert mine.release() is False  # nothing left to release
+    # The same file name written by another live process (two services with one served_name) stays.
+    MemoryBudget(tmp_path, "gptoss-20b", pid=os.getppid()).claim("plain-20b", 24)
+    assert mine.release() is False and mine.own_file.exists()

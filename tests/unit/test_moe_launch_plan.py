@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gptoss_spark.kernels.moe import DEFAULT_CONFIG, distinct_plans, launch_plan  # noqa: E402
-from gptoss_spark.kernels.variants import GPT_OSS_120B, token_counts  # noqa: E402
+from gptoss_spark.kernel_tools.variants import GPT_OSS_120B, token_counts  # noqa: E402
 
 
 def test_one_token_halves_gate_up_rows_and_shares_down_k():

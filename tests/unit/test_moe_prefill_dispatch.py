@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from gptoss_spark.kernels import moe_prefill  # noqa: E402
+from gptoss_spark.kernels.device import moe_prefill  # noqa: E402
 from gptoss_spark.kernels.moe import MAX_DECODE_TOKENS  # noqa: E402
 from gptoss_spark.kernels.ops import DECODE_DISPATCH_TOKENS  # noqa: E402
 

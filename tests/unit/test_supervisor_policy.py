@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from pathlib import Path
 
 from gptoss_spark.service.startup import StartupRecord
@@ -319,4 +320,23 @@ def test_a_retry_after_a_crash_reads_the_profile_files_again(tmp_path):
         await until(sup, task, lambda: len(ScriptedEngine.started) == 2 and sup.state == State.READY, "ready again")
         assert ScriptedEngine.started[-1].profile.description == "fixed"
         assert await stopped(sup, task) == EXIT_OK
+    asyncio.run(scenario())
+
+
+def test_a_supervisor_that_gave_up_releases_its_memory_claim_and_claims_again_on_a_switch(tmp_path):
+    """In failed the supervisor stays up (admin API) with no engine: its claim must not keep a second
+    service on the host from starting (budget.py). A switch claims again, for the profile it starts."""
+    async def scenario():
+        claims = tmp_path / "claims"
+        sup = supervisor(tmp_path, {"doomed": "crash_after=0.1", "ok": ""}, memory={"claims_dir": str(claims)})
+        claim = claims / f"{sup.settings.model.served_name}.json"
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: claim.exists(), "the first start's claim")
+        await until(sup, task, lambda: sup.state == State.FAILED, "failed")
+        assert not task.done() and not claim.exists()
+        op = sup.request_switch("ok")
+        await asyncio.wait_for(op.done.wait(), 5)
+        assert op.status == OpStatus.SUCCEEDED and json.loads(claim.read_text())["profile"] == "ok"
+        assert await stopped(sup, task) == EXIT_OK
+        assert not claim.exists()  # stopped: released as well
     asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""The arguments of `gptoss-spark kernels bench`, shared with `python -m gptoss_spark.kernels.benchmark`
+"""The arguments of `gptoss-spark kernels bench`, shared with `python -m gptoss_spark.kernel_tools.benchmark`
 (which runs where only torch and Triton are installed, e.g. a lent GPU without the service's
 dependencies). No torch import here: the CLI's help must work without it."""
 

@@ -63,7 +63,7 @@ def _dummy_inputs(shape: MoeShape, m: int, device):
     x = torch.randn(m, h, generator=g).to(device, torch.bfloat16)
     rw = torch.randn(e, h, generator=g).to(device, torch.bfloat16)
     rb = torch.randn(e, generator=g).to(device, torch.bfloat16) if shape.has_bias else None
-    from .mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES
+    from ..kernels.mxfp4_layout import BLOCK_BYTES, SCALE_BLOCK_BYTES
     u8 = lambda *s: torch.randint(0, 256, s, dtype=torch.uint8, generator=g).to(device)
     sc = lambda *s: torch.randint(118, 125, s, dtype=torch.uint8, generator=g).to(device)
     # The kernels' layout (mxfp4_layout.py); the values need not be a real repack to compile.
@@ -89,9 +89,9 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Triton reads its cache dir when the cache manager is first used: set it before any compile.
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
-    from .moe_prefill import moe_prefill_block, prefill_configs
-    from .mxfp4_layout import mma_layout_for
-    from .ops import DECODE_DISPATCH_TOKENS, moe_decode, router_logits
+    from ..kernels.device.moe_prefill import moe_prefill_block, prefill_configs
+    from ..kernels.mxfp4_layout import SwizzledExperts, mma_layout_for
+    from ..kernels.ops import DECODE_DISPATCH_TOKENS, moe_decode, router_logits
     mma = mma_layout_for("cuda")
     compiled = []
     for shape in shapes:
@@ -104,7 +104,7 @@ def build_warm(arch: str, cache_dir: Path, shapes=MODEL_SHAPES) -> BuildReport:
         # specialized); prefill_config_for picks the config by token count.
         x, rw, rb, *experts = _dummy_inputs(shape, DECODE_DISPATCH_TOKENS + 1, "cuda")
         for cfg in prefill_configs(mma):
-            moe_prefill_block(x, rw, rb, *experts, shape.top_k, mma=mma, config=cfg)
+            moe_prefill_block(x, rw, rb, SwizzledExperts(*experts, mma=mma), shape.top_k, config=cfg)
             compiled.append(f"{shape.name} prefill block_m={cfg.block_m} C={cfg.gate_up_c}")
     torch.cuda.synchronize()
     return BuildReport("warm", f"sm_{major}{minor}", compiled, cache_dir)
@@ -148,7 +148,7 @@ def _attrs(kernel, prefix: str, ints: dict[str, int], constexprs) -> dict:
 
 
 def _plan_name(shape: MoeShape, m: int, mma: int, config=None) -> str:
-    from .moe import DEFAULT_CONFIG, launch_plan
+    from ..kernels.moe import DEFAULT_CONFIG, launch_plan
     p = launch_plan(m, shape.top_k, config or DEFAULT_CONFIG, mma)
     return (f"M={m} (M_PAD={p.m_pad}, top-k rows {p.topk_rows} in {'gate_up' if p.topk_in_gate_up else 'router'}, "
             f"gate_up {'32' if p.gate_up_half_rows else '64'} features per program, down K shares {p.down_k_parts})")
@@ -167,11 +167,11 @@ def variant_jobs(shape: MoeShape, m: int, major: int, config=None) -> tuple[list
     The constexprs and options are the launches' own (router_logits.launch_kwargs,
     moe.expert_launch_kwargs), so what compiles is what fused_moe_decode runs.
     """
-    from .moe import DEFAULT_CONFIG, expert_launch_kwargs, launch_plan, router_options
-    from .mxfp4_layout import mma_layout_for_capability
-    from .moe_down import moe_down_kernel
-    from .moe_gate_up import moe_gate_up_kernel
-    from .router_logits import k_split, launch_kwargs, router_logits_kernel
+    from ..kernels.moe import DEFAULT_CONFIG, expert_launch_kwargs, launch_plan, router_options
+    from ..kernels.mxfp4_layout import mma_layout_for_capability
+    from ..kernels.device.moe_down import moe_down_kernel
+    from ..kernels.device.moe_gate_up import moe_gate_up_kernel
+    from ..kernels.device.router_logits import k_split, launch_kwargs, router_logits_kernel
     cfg = config or DEFAULT_CONFIG
     mma = mma_layout_for_capability(major)
     plan = launch_plan(m, shape.top_k, cfg, mma)
@@ -213,7 +213,7 @@ def compile_prefill_variants(shape: MoeShape, target, config=None) -> list[tuple
     if config is None:
         jobs, ints = prefill_jobs(shape, target.arch // 10)
     else:
-        from .mxfp4_layout import mma_layout_for_capability
+        from ..kernels.mxfp4_layout import mma_layout_for_capability
         mma = mma_layout_for_capability(target.arch // 10)
         jobs, ints = _prefill_config_jobs(shape, config, mma), _int_args(shape, 0)
     return _compile_jobs(jobs, ints, target)
@@ -228,8 +228,8 @@ def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[s
     """The prefill kernels as moe_prefill_block launches them, in variant_jobs' form: the router and
     combine once, the align and the two expert kernels for config, or else for every config
     prefill_config_for can pick on this arch's layout."""
-    from .moe_prefill import prefill_configs
-    from .mxfp4_layout import mma_layout_for_capability
+    from ..kernels.device.moe_prefill import prefill_configs
+    from ..kernels.mxfp4_layout import mma_layout_for_capability
     mma = mma_layout_for_capability(major)
     jobs = _prefill_routing_jobs(shape)
     for cfg in [config] if config else prefill_configs(mma):
@@ -239,7 +239,7 @@ def prefill_jobs(shape: MoeShape, major: int, config=None) -> tuple[list, dict[s
 
 def _prefill_routing_jobs(shape: MoeShape) -> list:
     """prefill_routing's router and combine kernels: one binary each per shape, whatever the tiles."""
-    from .prefill_routing import (combine_launch_kwargs, prefill_combine_kernel, prefill_router_kernel,
+    from ..kernels.device.prefill_routing import (combine_launch_kwargs, prefill_combine_kernel, prefill_router_kernel,
                                   router_launch_kwargs)
     return [
         (prefill_router_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "ids_ptr": "*i32",
@@ -251,10 +251,10 @@ def _prefill_routing_jobs(shape: MoeShape) -> list:
 
 
 def _prefill_config_jobs(shape: MoeShape, config, mma: int) -> list:
-    from .moe_prefill import launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
+    from ..kernels.device.moe_prefill import launch_kwargs, moe_prefill_down_kernel, moe_prefill_gate_up_kernel
     gate_up_kw, down_kw = launch_kwargs(config, shape.hidden, shape.intermediate, shape.top_k,
                                         shape.has_bias, shape.has_bias, mma, 2, False)
-    from .prefill_routing import align_launch_kwargs, prefill_align_kernel
+    from ..kernels.device.prefill_routing import align_launch_kwargs, prefill_align_kernel
     return [
         (prefill_align_kernel, {"ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
                                 "block_expert_ptr": "*i32"},
@@ -304,7 +304,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     """Compile every variant for arch without a GPU; raises ToolchainError if the toolchain is missing."""
     require_toolchain()
     from triton.backends.compiler import GPUTarget
-    from .mxfp4_layout import mma_layout_for_capability
+    from ..kernels.mxfp4_layout import mma_layout_for_capability
     major, minor, _ = parse_arch(arch)
     # Triton appends the 'a' suffix itself for capabilities that have one (sm_90a, sm_121a).
     target = GPUTarget("cuda", major * 10 + minor, 32)
@@ -313,7 +313,7 @@ def build_compile_only(arch: str, shapes=MODEL_SHAPES) -> BuildReport:
     for shape in shapes:
         builds = [(_plan_name(shape, m, mma), lambda m=m, shape=shape: compile_variants(shape, m, target))
                   for m in token_counts(shape, mma)]
-        from .moe_prefill import prefill_configs
+        from ..kernels.device.moe_prefill import prefill_configs
         builds.append(("prefill routing", lambda shape=shape: compile_prefill_routing(shape, target)))
         builds += [(f"prefill block_m={cfg.block_m} C={cfg.gate_up_c}",
                     lambda shape=shape, cfg=cfg: compile_prefill_variants(shape, target, cfg))

@@ -29,10 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..mxfp4_layout import SwizzledExperts
+from ..runtime import interpreting
 from .moe_gate_up import SWIGLU_ALPHA, SWIGLU_LIMIT, gate_up_dot, swiglu
 from .mxfp4_decode import mxfp4_rows_dot
 from .prefill_routing import align, combine, counts_of, route
-from .runtime import interpreting
 
 
 @dataclass(frozen=True)
@@ -150,19 +151,19 @@ def launch_kwargs(config: PrefillConfig, h: int, i: int, top_k: int, gate_up_bia
             dict(common, C=config.down_c, HAS_BIAS=down_bias))
 
 
-def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
-                w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                mma: int, config: PrefillConfig | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, H] bf16 routed by ids / weights [M, K] -> [M, H] bf16; experts as mxfp4_layout.SwizzledExperts.
-    config None: prefill_config_for(M, mma). counts: pairs per expert (prefill_routing.route returns
-    them; None counts them here)."""
+def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: SwizzledExperts,
+                config: PrefillConfig | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, H] bf16 routed by ids / weights [M, K] -> [M, H] bf16. config None: prefill_config_for(M,
+    the experts' layout version). counts: pairs per expert (prefill_routing.route returns them; None
+    counts them here)."""
     m, h = x.shape
+    mma = experts.mma
     config = prefill_config_for(m, mma) if config is None else config
     check_config(config, mma)
     top_k = ids.shape[1]
+    w13, s13, b13, w2, s2, b2 = experts.tensors()
     e = w13.shape[0]
-    i = w13.shape[1] * 32
+    i = experts.intermediate
     x = x.contiguous()
     dev = x.device
     interp = interpreting()
@@ -183,9 +184,7 @@ def moe_prefill(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 
 
 def moe_prefill_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None,
-                      w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor | None,
-                      w2: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor | None,
-                      top_k: int, mma: int, config: PrefillConfig | None = None) -> torch.Tensor:
+                      experts: SwizzledExperts, top_k: int, config: PrefillConfig | None = None) -> torch.Tensor:
     """The whole MoE block for a prefill chunk: prefill_routing.route, then moe_prefill.
 
     The routing is the decode router's math (fp32 logits from the bf16 inputs, top-k with ties to
@@ -193,4 +192,4 @@ def moe_prefill_block(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.T
     its own rather than the decode router: that one's tile holds at most 32 tokens.
     """
     ids, weights, counts = route(x, router_w, router_b, top_k)
-    return moe_prefill(x, ids, weights, w13, s13, b13, w2, s2, b2, mma=mma, config=config, counts=counts)
+    return moe_prefill(x, ids, weights, experts, config=config, counts=counts)

@@ -32,5 +32,5 @@ MODEL_SHAPES = (GPT_OSS_120B, GPT_OSS_20B)
 def token_counts(shape: MoeShape, mma: int) -> list[int]:
     """One token count per distinct launch plan for experts in layout mma: launching each compiles every
     variant the shape needs."""
-    from .moe import distinct_plans  # torch-free callers (the CLI's argument parsing) import this module
+    from ..kernels.moe import distinct_plans  # torch-free callers (the CLI's argument parsing) import this module
     return sorted(distinct_plans(shape.top_k, mma=mma).values())

@@ -34,9 +34,9 @@ from triton.testing import do_bench
 
 from ..mxfp4 import dequantize_mxfp4
 from .bench_args import DEFAULT_TOKENS, add_bench_arguments
-from .moe import DecodeLaunches, MoeLaunchConfig
-from .mxfp4_layout import SwizzledExperts, mma_layout_for
-from .ops import moe_block_any
+from ..kernels.moe import DecodeLaunches, MoeLaunchConfig
+from ..kernels.mxfp4_layout import SwizzledExperts, mma_layout_for
+from ..kernels.ops import moe_block_any
 
 DEV = "cuda"
 H = I = 2880
@@ -111,14 +111,10 @@ class Layer:
         """Checkpoint layout (reference, baselines)."""
         return (self.rw, self.rb, self.w13, self.s13, self.b13, self.w2, self.s2, self.b2)
 
-    def experts(self):
-        """The kernels' layout, after the router weights."""
-        return self.sw.tensors()
-
 
 def routed(x, layer) -> torch.Tensor:
     """The top-4 expert ids [M, 4] of x: the reference's routing (fp32 logits)."""
-    from .reference import router_logits_ref, topk_softmax_ref
+    from ..kernels.reference import router_logits_ref, topk_softmax_ref
     return topk_softmax_ref(router_logits_ref(x, layer.rw, layer.rb), TOPK)[0]
 
 
@@ -139,7 +135,7 @@ def decode_stages(x: torch.Tensor, layer: Layer, config: MoeLaunchConfig, stages
     configs through this; production calls moe.fused_moe_decode, which runs all three on the
     defaults."""
     rw, rb = router if router is not None else (layer.rw, layer.rb)
-    call = DecodeLaunches(x, rw, rb, *layer.experts(), TOPK, config)
+    call = DecodeLaunches(x, rw, rb, layer.sw, TOPK, config)
     call.router()
     if stages >= 2:
         call.gate_up()
@@ -147,8 +143,7 @@ def decode_stages(x: torch.Tensor, layer: Layer, config: MoeLaunchConfig, stages
 
 
 def ours(layer: Layer) -> Callable[[torch.Tensor], torch.Tensor]:
-    ex = layer.experts()
-    return lambda x: moe_block_any(x, layer.rw, layer.rb, *ex, TOPK)
+    return lambda x: moe_block_any(x, layer.rw, layer.rb, layer.sw, TOPK)
 
 
 class CublasExperts:
@@ -191,7 +186,7 @@ class Row:
 def bench(tokens=DEFAULT_TOKENS, *, peer_path: Path | None = None, peer_warps=(8, 4), layers: int = 8,
           cublas_layers: int = 2, log: Callable[[str], None] = print) -> dict:
     """Run the side-by-side benchmark; returns every number (see the module docstring)."""
-    from . import reference
+    from ..kernels import reference
     layout = mma_layout_for(DEV)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "mma_layout": layout,
@@ -296,7 +291,8 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m gptoss_spark.kernels.benchmark", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gptoss_spark.kernel_tools.benchmark",
+                                 description=__doc__.split("\n")[0])
     add_bench_arguments(ap)
     return run(ap.parse_args(argv))
 

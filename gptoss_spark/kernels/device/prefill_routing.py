@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import interpreting
 from .mxfp4_decode import dot_bf16
 from .routing import softmax_rows
-from .runtime import interpreting
 
 ROUTER_BLOCK_T = 16   # tokens per router program: 32 programs at 512 tokens, each reading the 0.7 MB weight from L2
 ROUTER_BLOCK_K = 64

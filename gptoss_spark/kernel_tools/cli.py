@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..service.config import load_settings, resolve_config_path
 from ..base.defaults import CONFIG_HELP
+from ..base.errors import RequirementError
+from ..service.config import load_settings, resolve_config_path
 
 DEFAULT_ARCH = "12.1a"
 
@@ -42,6 +43,18 @@ def engine_triton_cache(config: str | None) -> Path:
     return Path(settings.cache_env()["TRITON_CACHE_DIR"])
 
 
+def require_cuda(what: str) -> None:
+    """One line instead of a traceback where a command needs a CUDA GPU and torch cannot see one."""
+    try:
+        import torch
+    except ImportError:
+        raise RequirementError(f"{what} needs torch with CUDA; run it from the service's venv "
+                               f"(/opt/gptoss-spark/current/bin/gptoss-spark)") from None
+    if not torch.cuda.is_available():
+        raise RequirementError(f"{what} needs a CUDA GPU and torch sees none (torch {torch.__version__}); "
+                               f"check nvidia-smi")
+
+
 def run_build(args: argparse.Namespace) -> int:
     from . import aot  # imports torch/triton lazily: the error for a missing one is aot's one line
     aot.parse_arch(args.arch)
@@ -58,7 +71,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .runtime import require_cuda
     require_cuda("kernels bench")
     from . import benchmark
     return benchmark.run(args)

@@ -22,11 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import interpreting
 from .arrival import last_to_arrive, reset_arrivals
 from .mxfp4_decode import dot_bf16
 from .pdl import pdl_launch, pdl_launch_next, pdl_wait
 from .routing import publish_routing
-from .runtime import interpreting
 
 
 @triton.jit
