@@ -30,16 +30,13 @@ What differs from gptoss-spark.service:
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 from ..base.defaults import DEFAULT_CONFIG_PATH
-from ..base.fsutil import write_atomic
 from .layout import SERVICE, TEMPLATE_NAME, UNIT_NAME, Layout
-from .placement import Placed
+from .placement import Placed, place_owned_file
 
 DEFAULT_CONFIG = str(DEFAULT_CONFIG_PATH)  # as the unit's ExecStart and ExecReload spell it
 INSTANCE_CONFIG = "/etc/gptoss-spark/%i.toml"
@@ -128,18 +125,7 @@ def install_template(layout: Layout, root: Path, *, dry_run: bool = False,
     """The template rendered from root/systemd/gptoss-spark.service (a version's shipped unit), in
     place like the unit itself (placement.install_unit): a local edit is saved as .old first."""
     new = render_template((root / "systemd" / UNIT_NAME).read_text()).encode()
-    dest = layout.template_file
-    if dest.exists() and dest.read_bytes() == new:
-        return Placed(dest, "unchanged")
-    if dry_run:
-        return Placed(dest, "would-replace" if dest.exists() else "would-create")
-    existed = dest.exists()
-    edited = existed and hashlib.sha256(dest.read_bytes()).hexdigest() != last_written
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if edited:
-        shutil.copy2(dest, dest.with_name(dest.name + ".old"))
-    write_atomic(dest, new, 0o644)
-    return Placed(dest, "replaced" if existed else "created", saved_aside=edited)
+    return place_owned_file(layout.template_file, new, dry_run=dry_run, last_written=last_written)
 
 
 # ------------------------------------------------------------ the shipped drop-ins, for every instance

@@ -338,7 +338,12 @@ def install_unit(layout: Layout, source: Path, *, dry_run: bool = False, last_wr
     differs from `last_written` (the sha256 of what the installer last wrote there; with
     none known, any file that differs counts as edited)."""
     new = (source / "systemd" / "gptoss-spark.service").read_bytes()
-    dest = layout.unit_file
+    return place_owned_file(layout.unit_file, new, dry_run=dry_run, last_written=last_written)
+
+
+def place_owned_file(dest: Path, new: bytes, *, dry_run: bool = False, last_written: str | None = None) -> Placed:
+    """A file the installer owns (a unit, the template) at dest with content new; one that differs
+    from last_written (sha256 of what was last written there) was edited by hand: saved as .old."""
     if dest.exists() and dest.read_bytes() == new:
         return Placed(dest, "unchanged")
     if dry_run:
