@@ -481,7 +481,9 @@ def test_kill9_of_engine_recovers(ns):
     assert eng
     t = time.monotonic()
     ns.sh(f"kill -9 {eng}")
-    wait_for(lambda: engine_pid(ns) not in (None, eng) and http_code(ns, f"{ENGINE}/health") == "200",
+    # Ready means the supervisor's ready (its canary passed), not only the engine's /health: the next
+    # test stops the engine and expects a serving supervisor to notice.
+    wait_for(lambda: engine_pid(ns) not in (None, eng) and http_code(ns, f"{ADMIN}/admin/health") == "200",
              300, "the supervisor to restart the engine")
     TIMINGS["engine_kill9_recovery_s"] = round(time.monotonic() - t, 1)
     s = show(ns, "MainPID", "ActiveState", "NRestarts")
@@ -495,10 +497,13 @@ def test_kill9_of_engine_recovers(ns):
 def test_sigstopped_engine_is_replaced_without_the_grace(ns):
     """A wedged engine (SIGSTOP): /health fails, the supervisor restarts it, and the stop kills the
     stopped process at once (SIGTERM would wait pending for the 15 s grace)."""
+    # Serving, not loading: while loading, the supervisor polls /health until timeouts.load and a
+    # stopped engine is only found out by that timeout (docs/OPERATIONS.md).
+    wait_for(lambda: http_code(ns, f"{ADMIN}/admin/health") == "200", 300, "the service to be ready")
     eng = engine_pid(ns)
     t0 = ns_now(ns)
     ns.sh(f"kill -STOP {eng}")
-    wait_for(lambda: engine_pid(ns) not in (None, eng) and http_code(ns, f"{ENGINE}/health") == "200",
+    wait_for(lambda: engine_pid(ns) not in (None, eng) and http_code(ns, f"{ADMIN}/admin/health") == "200",
              400, "the supervisor to replace the stopped engine")
     lines = [e["MESSAGE"] for e in journal(ns, f"--since=@{t0}", "LOGGER=gptoss_spark.service.engine")]
     assert any("engine processes are stopped (SIGSTOP), killing them without the grace" in m for m in lines), lines
