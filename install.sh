@@ -139,10 +139,10 @@ restart_service() {
     START_EPOCH=$(date +%s) FAILED_UNIT=$SERVICE
     systemctl reset-failed "$SERVICE" 2>/dev/null || true
     if [ "$(step cluster-role)" = worker ]; then
-        systemctl restart --no-block "$SERVICE"
-        step worker-up
+        systemctl restart --no-block "$SERVICE" || return 1
+        step worker-up || return 1
     else
-        systemctl restart "$SERVICE"
+        systemctl restart "$SERVICE" || return 1
     fi
     for i in "${RUNNING_INSTANCES[@]}"; do
         echo "  restarting $i"

@@ -3,12 +3,15 @@
 # whole suite — unit, integration (real vLLM on the CPU) and system (real
 # systemd in a private namespace; needs root). Extra args go to pytest.
 #
-# Given only options (what CI passes), the unit tier runs in a second pytest
-# beside the engine tiers: it is pure CPU for ~10 min, while the engine tiers
-# mostly wait on one engine at a time (load average 1-2 on a 2-core box), so
-# side by side the whole run is about that much shorter. Its output follows the
-# engine tiers' output, then one line per tier. Given a path, a test id or a
-# -m/-k filter: one pytest, exactly as asked.
+# Given only options (what CI passes), the three tiers run side by side, each
+# in its own pytest: unit (pure CPU, ~10 min), gpu + integration (one engine at
+# a time, mostly) and system (its own namespaced systemd, host ports
+# 8100/8101, which no integration test uses: they take free ports). The two
+# engine tiers each keep a 2-core box at a load of about 1, so side by side
+# the run takes about as long as the longer of them instead of their sum.
+# gpu + integration prints as it runs; the other two follow it, then one line
+# per tier. Given a path, a test id or a -m/-k filter: one pytest, exactly as
+# asked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/dev-setup.sh
@@ -21,18 +24,28 @@ for arg in "$@"; do
 done
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-# Its own --basetemp: two pytest runs must not number (or clean up) each other's tmp dirs.
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# Each its own --basetemp: two pytest runs must not number (or clean up) each other's tmp dirs.
 .venv/bin/python -m pytest "$@" --basetemp="$work/unit-tmp" tests/unit > "$work/unit.log" 2>&1 &
-unit_pid=$!
+unit_pid=$!; pids+=("$unit_pid")
+.venv/bin/python -m pytest "$@" --basetemp="$work/system-tmp" tests/system > "$work/system.log" 2>&1 &
+system_pid=$!; pids+=("$system_pid")
 engine_rc=0
-.venv/bin/python -m pytest "$@" tests/gpu tests/integration tests/system 2>&1 | tee "$work/engine.log" \
-    || engine_rc=${PIPESTATUS[0]}
+.venv/bin/python -m pytest "$@" --basetemp="$work/engine-tmp" tests/gpu tests/integration 2>&1 \
+    | tee "$work/engine.log" || engine_rc=${PIPESTATUS[0]}
+system_rc=0
+wait "$system_pid" || system_rc=$?
 unit_rc=0
 wait "$unit_pid" || unit_rc=$?
-echo "==================== tests/unit (ran beside the engine tiers) ===================="
+pids=()
+echo "==================== tests/system (ran beside the other tiers) ===================="
+cat "$work/system.log"
+echo "==================== tests/unit (ran beside the other tiers) ===================="
 cat "$work/unit.log"
-echo "engine tiers (gpu, integration, system): $(tail -n 1 "$work/engine.log") [exit $engine_rc]"
+echo "gpu + integration tiers: $(tail -n 1 "$work/engine.log") [exit $engine_rc]"
+echo "system tier: $(tail -n 1 "$work/system.log") [exit $system_rc]"
 echo "unit tier: $(tail -n 1 "$work/unit.log") [exit $unit_rc]"
-[ "$engine_rc" -eq 0 ] || exit "$engine_rc"
-exit "$unit_rc"
+for rc in "$engine_rc" "$system_rc" "$unit_rc"; do
+    [ "$rc" -eq 0 ] || exit "$rc"
+done
