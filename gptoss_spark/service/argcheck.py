@@ -177,7 +177,13 @@ async def vllm_rejects_many(python: str, argvs: list[list[str]], env: dict[str, 
             errors = json.loads(line[len(MARKER):])["errors"]
             return [None if e is None else one_line(e) for e in errors]
     tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-    raise ArgCheckUnavailable(f"the parser check in {python} ended without an answer: {one_line(tail[0])}")
+    raise ArgCheckUnavailable(f"the parser check in {python} ended without an answer: {_error_line(tail[0])}")
+
+
+def _error_line(line: str) -> str:
+    """A traceback's last line without the exception's module path: "PluginError: ...", not
+    "gptoss_spark.kernels.vllm_plugin.PluginError: ..." (the message says what is wrong; the path is noise)."""
+    return one_line(re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=\w+: )", "", line))
 
 
 CACHE_FILE = "argcheck-accepted.json"
@@ -257,8 +263,10 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
     a core and 1 GiB for seconds); `parallel` children at a time. A child that gives no answer
     (its profile's environment stops vLLM's import on this machine) leaves its profiles unchecked."""
     from .engine import build_argv, build_env
+    from .profiles import nvidia_gpu_count
 
     gate = asyncio.Semaphore(parallel)
+    gpus = nvidia_gpu_count()
     groups: dict[str, tuple[str, dict[str, str], list[tuple[str, list[str]]]]] = {}
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         for name in sorted(profiles):
@@ -274,10 +282,19 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
                     errors = await vllm_rejects_many(python, [a for _, a in items], env, timeout,
                                                      [profiles[n].memory_gib for n, _ in items])
                 except ArgCheckUnavailable as e:
-                    return {n: ("unchecked", one_line(str(e))) for n, _ in items}
+                    return {n: ("unchecked", _unchecked_why(profiles[n], str(e), gpus)) for n, _ in items}
             return {n: (("rejected", e) if e else ("ok", None)) for (n, _), e in zip(items, errors)}
 
         results: dict[str, tuple[str, str | None]] = {}
         for part in await asyncio.gather(*(one(*g) for g in groups.values())):
             results.update(part)
     return dict(sorted(results.items()))
+
+
+def _unchecked_why(profile: "Profile", error: str, gpus: int) -> str:
+    """Why a profile's arguments went unchecked. A GPU profile on a host without a GPU (a Spark
+    profile beside the --cpu demonstration) fails in its engine's environment before vLLM's parser
+    answers (fast's kernels plugin refuses vLLM's CPU platform): that is the host, not the profile."""
+    if profile.needs_gpu and gpus == 0:
+        return "cannot run on this host (it needs an NVIDIA GPU); a GPU host checks its arguments"
+    return one_line(error)

@@ -59,10 +59,15 @@ def test_one_line_folds_whitespace_and_bounds_length():
     assert len(one_line("x" * 1000)) == 400
 
 
-def test_profiles_sharing_an_environment_share_one_child(tmp_path):
+def test_profiles_sharing_an_environment_share_one_child(tmp_path, monkeypatch):
     """check --all-profiles: one vLLM import per interpreter and environment, each profile's verdict
-    its own; a child without an answer leaves its profiles unchecked, not rejected. A stand-in
-    interpreter answers as the child would (counting its calls), so this needs no vLLM import."""
+    its own; a child without an answer leaves its profiles unchecked, not rejected, saying why in
+    one line without the exception's module path, and a GPU profile on a host without a GPU is
+    named as the host's limit. A stand-in interpreter answers as the child would (counting its
+    calls), so this needs no vLLM import."""
+    import gptoss_spark.service.profiles as profiles_module
+
+    monkeypatch.setattr(profiles_module, "nvidia_gpu_count", lambda: 0)
     from gptoss_spark.service.argcheck import MARKER, profiles_rejected
     from gptoss_spark.service.config import load_settings
     from gptoss_spark.service.profiles import load_profiles
@@ -72,22 +77,27 @@ def test_profiles_sharing_an_environment_share_one_child(tmp_path):
     fake.write_text(f"#!{sys.executable}\n"
                     "import json, os, sys\n"
                     f"open({str(calls)!r}, 'a').write('x')\n"
-                    "if os.environ.get('BREAK_IMPORT'): sys.exit('PluginError: not on this machine')\n"
+                    "if os.environ.get('BREAK_IMPORT'): sys.exit('gptoss_spark.kernels.vllm_plugin.PluginError: no')\n"
                     "argvs = json.loads(sys.argv[4])\n"
                     "print(sys.argv[3] + json.dumps({'errors': ['unrecognized arguments: --bad' if '--bad' in a "
                     "else None for a in argvs]}))\n")
     fake.chmod(0o755)
     pdir = tmp_path / "profiles"
     pdir.mkdir()
-    for name, args, env in (("a", "[]", ""), ("b", '["--bad"]', ""), ("c", "[]", 'env = { BREAK_IMPORT = "1" }')):
-        (pdir / f"{name}.toml").write_text(f'description = "{name}"\nmemory_gib = 1\n[engine]\nargs = {args}\n{env}\n')
+    broken = 'env = { BREAK_IMPORT = "1" }'
+    for name, args, env, gpu in (("a", "[]", "", ""), ("b", '["--bad"]', "", ""), ("c", "[]", broken, ""),
+                                 ("d", "[]", broken, "[requires]\ngpu = true\n")):
+        (pdir / f"{name}.toml").write_text(f'description = "{name}"\nmemory_gib = 1\n[engine]\nargs = {args}\n'
+                                           f'{env}\n{gpu}')
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(f'default_profile = "a"\n[engine]\npython = "{fake}"\n[model]\ndir = "{tmp_path}"\n'
                    f'[paths]\nstate_dir = "{tmp_path / "state"}"\nprofile_dirs = ["{pdir}"]\n')
     settings = load_settings(cfg)
     got = asyncio.run(profiles_rejected(settings, load_profiles(settings)))
     assert got["a"] == ("ok", None) and got["b"] == ("rejected", "unrecognized arguments: --bad"), got
-    assert got["c"][0] == "unchecked" and "PluginError" in got["c"][1], got
+    assert got["c"][0] == "unchecked" and got["c"][1].endswith("without an answer: PluginError: no"), got
+    assert got["d"] == ("unchecked", "cannot run on this host (it needs an NVIDIA GPU); a GPU host checks its "
+                                     "arguments"), got
     assert calls.read_text() == "xx" and MARKER
 
 
