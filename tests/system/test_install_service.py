@@ -170,6 +170,8 @@ def test_cold_install(ns):
     r = timed("install_cold_s", ns, f"{SRC}/install.sh --cpu --no-start", timeout=900)
     out = r.stdout + r.stderr
     assert "DEMONSTRATION" in out
+    # Phases numbered in order, out of 8 with --cpu (no FlashInfer); --no-start ends before the 8th.
+    assert re.findall(r">>> \[(\d+)/8\] ", r.stdout) == [str(i) for i in range(1, 8)], r.stdout
     ns.sh("id gptoss-spark")
     ns.sh("test -L /opt/gptoss-spark/current && test -x /opt/gptoss-spark/current/bin/gptoss-spark")
     ns.sh("test \"$(stat -c %a:%U:%G /etc/gptoss-spark/admin.token)\" = 640:root:gptoss-spark")

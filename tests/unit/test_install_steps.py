@@ -605,6 +605,35 @@ def test_validate_blames_the_new_version_when_only_its_own_unedited_profiles_are
     assert "fix that profile" in refuse()
 
 
+def test_a_changed_profile_under_the_current_venv_has_its_arguments_checked(lay, src, monkeypatch, capsys):
+    """An install whose venv is already current but whose config step updated a profile (a shipped
+    one nobody edited) checks every profile's arguments under the current venv; one that changed
+    nothing checks nothing (a re-run stays fast)."""
+    from gptoss_spark.install.__main__ import main
+
+    installed(lay, src)
+    r = run_cli(lay, "config", "--source", str(src), "--cpu")
+    assert r.returncode == 0 and r.stdout.strip() == "unchanged", r.stderr
+    (src / "etc" / "profiles-cpu" / "demo.toml").write_text("# a new shipped default\n[engine]\nargs = ['--y']\n")
+    r = run_cli(lay, "config", "--source", str(src), "--cpu")
+    assert r.returncode == 0 and r.stdout.strip() == "changed", r.stderr
+    checked = []
+    monkeypatch.setattr(validate, "check_profiles", lambda layout, venv, **kw: checked.append(venv))
+    base = ["validate", "--source", str(src), "--venv-id", "a", "--root", str(lay.root)]
+    assert main(base) == 0 and checked == []
+    assert "no profile changed: nothing to check" in capsys.readouterr().err
+    assert main([*base, "--config-changed"]) == 0 and checked == [lay.venvs_dir / "a"]
+
+
+def test_checking_the_current_venvs_profiles_refuses_in_its_own_words(lay, src):
+    fake_venv(lay, "a")
+    calls = []
+    with pytest.raises(InstallError) as e:
+        validate.check_profiles(lay, lay.venvs_dir / "a", run=lambda argv: calls.append(argv) or 1, log=lambda _: None)
+    assert e.value.exit_code == codes.EXIT_ARGS and "--all-profiles" in calls[0]
+    assert str(e.value).startswith("vLLM rejects") and "keeps the arguments it started with" in str(e.value)
+
+
 def test_validate_keeps_an_engine_python_of_the_admins_own(lay, src):
     lay.config_file.parent.mkdir(parents=True)
     lay.config_file.write_text('[engine]\npython = "/srv/other/bin/python"\n')
