@@ -316,7 +316,16 @@ def _install_locked(plan: BuildPlan, lock: LockTarget, pip: list[str], py: str, 
           "pip could not install gptoss-spark itself (see pip's output above)", EXIT_VENV)
     _step(run([py, "-m", "gptoss_spark.install.depcheck", *(f"--absent={n}" for n in lock.omit)]) == 0,
           f"the new environment does not satisfy its own requirements (listed above): {lock.path} no longer "
-          "matches pyproject.toml; refresh it (scripts/lock.sh refresh) and commit it", EXIT_VENV)
+          f"matches pyproject.toml; {_lock_drift_advice(plan.source)}", EXIT_VENV)
+
+
+def _lock_drift_advice(source: Path) -> str:
+    """What to do about a lock that does not match pyproject.toml: a developer's checkout refreshes it;
+    someone installing a release cannot, and should not be told to."""
+    if (source / ".git").exists():
+        return "refresh it (scripts/lock.sh refresh) and commit it"
+    return ("this release is broken as shipped; nothing was changed and the running version still serves: "
+            "install the release before it (or a fixed one) and report this")
 
 
 def _build(plan: BuildPlan, run: Runner, log: Callable[[str], None]) -> None:

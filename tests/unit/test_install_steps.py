@@ -161,6 +161,19 @@ def test_failed_locked_step_removes_the_new_venv(lay, src, fail_on):
     assert not p.venv.exists()
 
 
+def test_a_lock_that_misses_a_requirement_advises_by_who_installs(lay, src):
+    """A checkout (a developer) is told to refresh the lock; a release (no .git) that the lock is broken as
+    shipped and what to do instead: someone installing a release cannot refresh a lock."""
+    def refusal() -> str:
+        with pytest.raises(InstallError) as e:
+            venvs.build_venv(locked_plan(lay, src), run=FakeRunner(fail_on="depcheck"), log=lambda s: None)
+        return str(e.value)
+    release = refusal()
+    assert "this release is broken as shipped" in release and "lock.sh" not in release
+    (src / ".git").mkdir()
+    assert "refresh it (scripts/lock.sh refresh)" in refusal()
+
+
 def test_a_changed_lock_is_a_new_venv(src):
     (src / "locks").mkdir()
     (src / "locks" / "cpu-cp311-x86_64.txt").write_text("six==1.16.0\n")
