@@ -130,6 +130,18 @@ class PeerClient:
                 if isinstance(view, dict) else f"{self.base_url} answered something else than a node view"
         return view
 
+    async def watch(self, timeout: float) -> tuple[dict[str, Any] | str, str | None]:
+        """node(), counting failures in a row: (what it answered, why to give up on the peer or None).
+        One unanswered poll is no fault (a busy node answers late); UNREACHABLE_AFTER in a row are."""
+        view = await self.node(timeout)
+        if not isinstance(view, str):
+            self.failures = 0
+            return view, None
+        self.failures += 1
+        if self.failures < UNREACHABLE_AFTER:
+            return view, None
+        return view, f"{self.expect} unreachable {self.failures} times in a row: {view}"
+
     async def order(self, generation: str, profile: str, run: bool, timeout: float) -> str | None:
         """None = the worker took the order; else why not (one line)."""
         body = {"generation": generation, "profile": profile, "run": run}

@@ -179,14 +179,10 @@ class Head(Solo):
 
     async def fault(self, *, loading: bool) -> str | None:
         """Poll the worker; a reason when its half of this generation is gone or unreachable."""
-        view = await self.peer.node(self.settings.timeouts.probe_timeout)
+        view, unreachable = await self.peer.watch(self.settings.timeouts.probe_timeout)
         self.peer_view = view
         if isinstance(view, str):
-            self.peer.failures += 1
-            if self.peer.failures < cluster.UNREACHABLE_AFTER:
-                return None
-            return f"worker unreachable {self.peer.failures} times in a row: {view}"
-        self.peer.failures = 0
+            return unreachable
         return cluster.worker_fault(view, self.generation, loading=loading)
 
     def peer_joined(self) -> bool:
@@ -268,13 +264,9 @@ class Worker(Solo):
 
     async def fault(self, *, loading: bool) -> str | None:
         """A reason to end rank 1 when the head is unreachable or has moved to another generation."""
-        view = await self.head.node(self.settings.timeouts.probe_timeout)
+        view, unreachable = await self.head.watch(self.settings.timeouts.probe_timeout)
         if isinstance(view, str):
-            self.head.failures += 1
-            if self.head.failures < cluster.UNREACHABLE_AFTER:
-                return None
-            return f"head unreachable {self.head.failures} times in a row: {view}"
-        self.head.failures = 0
+            return unreachable
         return cluster.head_fault(view, self.generation)
 
     def ready_reason(self, pid: int | None) -> str:

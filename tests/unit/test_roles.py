@@ -35,10 +35,13 @@ def make(tmp_path: Path, c: dict | None, clock=lambda: 0.0, **timeouts) -> Solo:
 class StandInPeer:
     """The other node's admin API as PeerClient sees it: answers in turn, orders recorded."""
 
-    def __init__(self, *answers):
+    def __init__(self, *answers, expect: str = "worker"):
         self.answers = list(answers)
         self.orders: list[tuple[str, str, bool]] = []
         self.failures = 0
+        self.expect = expect
+
+    watch = cluster.PeerClient.watch  # the real failure count, over the answers below
 
     async def node(self, timeout: float):
         return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
@@ -103,12 +106,24 @@ def test_the_worker_records_its_half_ending_and_leaves_the_restart_to_the_head(t
 def test_the_worker_ends_its_half_after_the_head_is_unreachable_three_times(tmp_path):
     worker = make(tmp_path, WORKER)
     worker.generation = GEN
-    worker.head = StandInPeer("head admin API does not answer")
+    worker.head = StandInPeer("head admin API does not answer", expect="head")
     faults = [asyncio.run(worker.fault(loading=False)) for _ in range(cluster.UNREACHABLE_AFTER)]
     assert faults[:-1] == [None] * (cluster.UNREACHABLE_AFTER - 1)
     assert faults[-1] == "head unreachable 3 times in a row: head admin API does not answer"
     worker.head = StandInPeer({"role": "head", "generation": "b" * 12})
     assert asyncio.run(worker.fault(loading=False)) == f"the head runs generation {'b' * 12}, not {GEN}"
+
+
+def test_the_head_counts_unreachable_polls_in_a_row_only(tmp_path):
+    """Two misses, an answer, two misses: no fault (the count starts again); a third miss in a row is one."""
+    head = make(tmp_path, HEAD)
+    head.generation = GEN
+    miss = "worker admin API does not answer"
+    head.peer = StandInPeer(miss, miss, {"role": "worker", "generation": GEN, "joined": True}, miss, miss, miss)
+    faults = [asyncio.run(head.fault(loading=False)) for _ in range(6)]
+    assert faults[:5] == [None] * 5, faults
+    assert faults[5] == f"worker unreachable 3 times in a row: {miss}"
+    assert head.peer_view == miss  # the status page shows what the last poll got
 
 
 def test_the_head_waits_for_the_worker_then_starts_a_new_generation_and_orders_it(tmp_path):
