@@ -20,7 +20,7 @@ from . import cluster
 from .operations import CommandQueue, Rejected
 from .states import State
 from .status import ClusterStatus, NodeStatus, frozen_map
-from .systemd import EXTEND_BY_SECONDS, EXTEND_EVERY_SECONDS, Notifier
+from .systemd import EXTEND_EVERY_SECONDS, Notifier, StartJobKeeper
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -140,7 +140,7 @@ class Head(Solo):
 
         Not counted as a failure while it lasts (the worker may boot later), bounded by timeouts.load."""
         deadline = self.clock() + self.settings.timeouts.load
-        next_extend = 0.0
+        start_job = StartJobKeeper(self.notifier, self.clock)
         said = None
         while True:
             if self.commands.pending is not None:
@@ -160,9 +160,7 @@ class Head(Solo):
             now = self.clock()
             if now >= deadline:
                 return NotStarted(f"{view} for timeouts.load={self.settings.timeouts.load:g} s")
-            if now >= next_extend:
-                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                next_extend = now + EXTEND_EVERY_SECONDS
+            start_job.progress()
             wake = asyncio.create_task(self.commands.wake.wait())
             try:
                 await asyncio.wait({wake}, timeout=PEER_POLL_SECONDS)
@@ -235,7 +233,7 @@ class Worker(Solo):
 
     async def before_start(self, name: str) -> Go | Interrupted | NotStarted:
         """Wait for the head's order to run a generation this node has not run yet."""
-        next_extend = 0.0
+        start_job = StartJobKeeper(self.notifier, self.clock)
         while True:
             if self.commands.pending is not None:
                 return Interrupted("waiting for the head")
@@ -245,9 +243,7 @@ class Worker(Solo):
                 self.head.failures = 0
                 log.info("starting rank 1 on the head's order", generation=o.generation, profile=o.profile)
                 return Go(o.profile, ordered=True)
-            if self.clock() >= next_extend:  # waiting for the head is progress too (systemd's start job)
-                self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                next_extend = self.clock() + EXTEND_EVERY_SECONDS
+            start_job.progress()  # waiting for the head is progress too
             self.orders.changed.clear()
             waits = {asyncio.create_task(self.orders.changed.wait()), asyncio.create_task(self.commands.wake.wait())}
             try:

@@ -39,7 +39,7 @@ from .status import (CommandKind, Counters, EngineStatus, GuardStatus,
 from .roles import Interrupted, NotStarted, role_for
 from .store import PersistedState, StateStore
 from .states import Failure, Next, RestartPolicy, StallDetector, State, StateMachine, Transition, after_failure
-from .systemd import EXTEND_BY_SECONDS, EXTEND_EVERY_SECONDS, Notifier, watchdog_interval
+from .systemd import Notifier, StartJobKeeper, watchdog_interval
 from .telemetry import SampleContext, TelemetrySampler
 from .throttle import ThrottleWatch
 
@@ -444,7 +444,7 @@ class Supervisor:
     async def _load(self, engine: EngineProcess, probe: EngineProbe, name: str) -> _Ended | None:
         """Wait for /health 200 and a passing canary. None = ready; else why loading ended."""
         deadline = self.clock() + self.settings.timeouts.load
-        next_extend = 0.0
+        start_job = StartJobKeeper(self.notifier, self.clock)
         last_canary_error = None
         refused = await self.role.after_spawn(name)
         if refused:
@@ -453,11 +453,7 @@ class Supervisor:
         try:
             while True:
                 now = self.clock()
-                if now >= next_extend:
-                    # Keep systemd's start (or reload) job alive while we make progress; a supervisor
-                    # that hangs stops sending this and systemd's TimeoutStartSec ends it.
-                    self.notifier.extend_timeout(EXTEND_BY_SECONDS)
-                    next_extend = now + EXTEND_EVERY_SECONDS
+                start_job.progress()
                 if exit_task.done():
                     return await self._engine_died(engine, name, " while loading")
                 if self.commands.pending is not None:

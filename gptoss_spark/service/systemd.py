@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import sdnotify
 
@@ -75,6 +76,22 @@ class Notifier:
 
     def watchdog(self) -> None:
         self.send("WATCHDOG=1")
+
+
+class StartJobKeeper:
+    """Keeps systemd's start (or reload) job alive while a start makes progress (loading, waiting
+    for the cluster's other node): EXTEND_TIMEOUT_USEC at most every EXTEND_EVERY_SECONDS. A
+    supervisor that hangs stops calling progress(), and systemd's TimeoutStartSec ends the job."""
+
+    def __init__(self, notifier: "Notifier", clock: Callable[[], float]):
+        self.notifier, self.clock = notifier, clock
+        self.next_extend = 0.0
+
+    def progress(self) -> None:
+        now = self.clock()
+        if now >= self.next_extend:
+            self.notifier.extend_timeout(EXTEND_BY_SECONDS)
+            self.next_extend = now + EXTEND_EVERY_SECONDS
 
 
 def watchdog_interval() -> float | None:

@@ -67,6 +67,27 @@ def test_notifier_sends_to_its_socket_and_removes_it_from_environ(tmp_path, monk
     sock.close()
 
 
+def test_a_start_in_progress_extends_systemds_job_at_most_every_interval():
+    """Each poll of a start calls progress(); systemd hears EXTEND_TIMEOUT_USEC once per interval,
+    not once per poll (the load loop polls every second)."""
+    from gptoss_spark.service.systemd import EXTEND_BY_SECONDS, EXTEND_EVERY_SECONDS, StartJobKeeper
+
+    class Recorder:
+        def __init__(self):
+            self.extended: list[float] = []
+
+        def extend_timeout(self, seconds: float) -> None:
+            self.extended.append(seconds)
+
+    now = [100.0]
+    rec = Recorder()
+    keeper = StartJobKeeper(rec, lambda: now[0])
+    for _ in range(int(3 * EXTEND_EVERY_SECONDS)):  # one poll a second for three intervals
+        keeper.progress()
+        now[0] += 1.0
+    assert rec.extended == [EXTEND_BY_SECONDS] * 3
+
+
 def test_notifier_without_socket_is_silent(monkeypatch):
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     n = Notifier()
