@@ -121,22 +121,33 @@ def run_profile(model: Path, profile: str) -> list[dict]:
     return rows
 
 
+def table(rows: list[dict]) -> str:
+    """seconds: the client's view (process spawned or reload asked -> ready); ready: the supervisor's own
+    start record (its phases add up to it)."""
+    out = [f"{'profile':<15}{'start':<8}{'seconds':>8}{'ready':>7}  phases / compiled"]
+    for r in rows:
+        phases = " ".join(f"{k}={v:.1f}" for k, v in r["phases"].items())
+        out.append(f"{r['profile']:<15}{r['what']:<8}{r['seconds']:>8.1f}{r['ready_seconds']:>7.1f}  {phases}; "
+                   f"compiled: {'; '.join(r['compiled']) or 'nothing'}")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--profiles", default="demo,demo-compiled")
+    ap.add_argument("--show", type=Path, help="print the table of a saved result, run nothing")
     a = ap.parse_args()
+    if a.show:
+        print(table(json.loads(a.show.read_text())["rows"]))
+        return 0
     model = make_demo_model(REPO / ".test-artifacts" / "demo-model-bench", seed=0)
     rows = [r for p in a.profiles.split(",") for r in run_profile(model, p)]
     doc = {"host": f"{os.cpu_count()}-core {os.uname().machine}, not a Spark", "rows": rows,
            "command": "benchmarks/start_time/cold_warm_reload.py"}
     if a.out:
         a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'profile':<15}{'start':<8}{'seconds':>8}{'ready':>7}  phases / compiled")
-    for r in rows:
-        phases = " ".join(f"{k}={v:.1f}" for k, v in r["phases"].items())
-        print(f"{r['profile']:<15}{r['what']:<8}{r['seconds']:>8}{r['ready_seconds']:>7}  {phases}; "
-              f"compiled: {'; '.join(r['compiled']) or 'nothing'}")
+    print(table(rows))
     return 0
 
 
