@@ -39,6 +39,9 @@ class Placed:
 
     def line(self, layout: Layout) -> str:
         p = layout.real(self.path)
+        if self.dist_removed and self.action == "upgraded":
+            return (f"  updated {p} to this version's default (it was an earlier one, never edited); "
+                    f"removed {p}.dist (the same now)")
         if self.dist_removed:
             return f"  {p} is this version's default; removed {p}.dist (the same now)"
         return {
@@ -125,7 +128,8 @@ def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: b
         write_atomic(dest, content, mode)
         shipped.wrote(dest, content)
         if dist.exists() and dist.read_bytes() == content:
-            dist.unlink()
+            dist.unlink()  # the file is this default now: the .dist says nothing any more
+            return Placed(dest, "upgraded", dist_removed=True)
         return Placed(dest, "upgraded")
     if dry_run:
         return Placed(dest, "would-keep")

@@ -443,6 +443,21 @@ def test_an_earlier_default_nobody_edited_is_upgraded_an_edited_one_kept(lay, sr
     assert Path(str(prof) + ".dist").read_bytes() == shipped_before
 
 
+def test_an_upgrade_that_removes_a_dist_says_so(lay, src):
+    """A .dist holding the new default beside an unedited earlier one: the upgrade makes the file
+    equal to it, so the .dist goes, and the line says it went."""
+    placement.place_config(lay, src, cpu=False)
+    prof = lay.profiles_dir / "plain.toml"
+    new_default = "[engine]\nargs = [\"--max-num-seqs\", \"8\"]\n"
+    (src / "etc" / "profiles" / "plain.toml").write_text(new_default)
+    dist = Path(str(prof) + ".dist")
+    dist.write_text(new_default)
+    placed = placement.place_config(lay, src, cpu=False)
+    assert placed[1].action == "upgraded" and placed[1].dist_removed and not dist.exists()
+    line = placed[1].line(lay)
+    assert "never edited" in line and f"removed {lay.real(prof)}.dist" in line, line
+
+
 def test_cpu_config_is_the_demo(lay, src):
     import tomllib
     placement.place_config(lay, src, cpu=True)
