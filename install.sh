@@ -254,7 +254,7 @@ step build --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${BUILD_ARGS[@]}" "$
 # Files the first start needs offline (tiktoken; the demo model with --cpu).
 step assets --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
-phase "Configuration in /etc/gptoss-spark (never overwritten; --role sets [cluster] in it)"
+phase "Configuration in /etc/gptoss-spark (your edits kept, new defaults as .dist; --role sets [cluster] in it)"
 CONFIG="$(step config --source "$SRC" "${MODE[@]}" "${DRY[@]}")"   # changed: validate checks the profiles
 # --role: [cluster], admin.host and default_profile, in one rename (before the unit step: 30-lan.conf).
 CLUSTER="$(step cluster --source "$SRC" "${MODE[@]}" "${ROLE_ARGS[@]}" "${DRY[@]}")"

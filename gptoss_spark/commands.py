@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="check this profile alone (default: the active one's requirements and "
                                      "every profile's engine arguments)")
     p.add_argument("--all-profiles", action="store_true",
-                   help="only ask vLLM's parser about every profile's engine arguments (what an upgrade "
-                        "checks before it stops the running engine); exit 1 if it rejects any")
+                   help="only check every profile's engine arguments: vLLM's parser, its ModelConfig, the parallel "
+                        "sizes and the memory arithmetic (what an upgrade checks before it stops the running "
+                        "engine); exit 1 if any is rejected")
     p.add_argument("--engine-python", help="check with this interpreter's vLLM instead of engine.python's")
     p.set_defaults(func=cmd_check)
 

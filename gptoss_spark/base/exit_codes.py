@@ -58,7 +58,10 @@ EXIT_MODEL_SPACE = 52      # pull: not enough free disk for what is still to fet
 EXIT_UNAVAILABLE = 69      # the service or the endpoint does not answer
 EXIT_NOPERM = 77           # the admin token file is unreadable, or the token was refused
 
-EXIT_INTERRUPTED = 130     # Ctrl-C (128 + SIGINT, as shells report it)
+# ---- interrupted by a signal: 128 + its number, as shells report it (install.sh's trap exits so)
+EXIT_HANGUP = 129          # SIGHUP: install.sh's terminal went away (an ssh session closed)
+EXIT_INTERRUPTED = 130     # SIGINT: Ctrl-C
+EXIT_TERMINATED = 143      # SIGTERM: install.sh was told to stop (kill, a shutdown)
 
 
 def table() -> dict[int, str]:

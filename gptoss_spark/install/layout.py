@@ -70,7 +70,7 @@ class Layout:
     def cli_link(self) -> Path:
         return self._p("/usr/local/bin/gptoss-spark")
 
-    # /etc/gptoss-spark: the admin's files, never overwritten.
+    # /etc/gptoss-spark: the admin's files; an edited one is never overwritten (placement.py).
     @property
     def etc_dir(self) -> Path:
         return self._p("/etc/gptoss-spark")

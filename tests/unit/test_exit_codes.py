@@ -51,3 +51,16 @@ def test_error_classes_take_their_codes_from_the_table():
     # gptoss-spark patches' codes do not collide with install.sh's 10-31 (install.sh maps them to EXIT_PATCHES)
     patch_codes = {c.exit_code for c in classes if c.__module__ == patching.__name__}
     assert len(patch_codes) == 7 and all(40 <= c < 50 for c in patch_codes)
+
+
+def test_install_sh_interrupted_exits_128_plus_the_signal_and_the_table_names_each():
+    """install.sh's trap exits $((128 + $(kill -l SIG))) (not a literal the test above sees): each
+    signal it traps has its code in the table, so EXIT_CODES.md documents it."""
+    import signal
+    text = (REPO / "install.sh").read_text()
+    assert "exit $((128 + $(kill -l \"$1\")))" in text
+    trapped = re.findall(r"trap 'interrupted (\w+)' \1", text)
+    assert sorted(trapped) == ["HUP", "INT", "TERM"], trapped
+    table = exit_codes.table()
+    assert {128 + getattr(signal, f"SIG{s}") for s in trapped} <= set(table)
+    assert (table[129], table[130], table[143]) == ("EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_TERMINATED")
