@@ -2,7 +2,8 @@
 
 The rule for the admin's files (/etc/gptoss-spark): written if absent; replaced
 by this version's default only if it is byte for byte what an install wrote
-(its sha256 is in /etc/gptoss-spark/.shipped.json: nobody edited it). If one
+(its sha256 is in /etc/gptoss-spark/.shipped.json: nobody edited it; with no record there, an
+install older than that file, equal to an earlier version's default: earlier_shipped.py). If one
 was edited, it stays as it is and the new default goes beside it as
 `<name>.dist`, and we say so (upgrades that overwrite a user's config were
 ollama#1278). A `.dist` is removed only when the file equals it, and we say so.
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
 from ..base.fsutil import write_atomic
+from .earlier_shipped import DIGESTS as EARLIER_SHIPPED
 from .layout import Layout
 
 DEMO_PROFILE = "demo"
@@ -93,7 +95,16 @@ class Shipped:
         self.digests[str(dest)] = _sha256(content)
 
     def unedited(self, dest: Path, current: bytes) -> bool:
-        return self.digests.get(str(dest)) == _sha256(current)
+        """What an install wrote there and nobody changed since. With no record of dest (an install
+        older than .shipped.json), a file byte for byte some earlier version's default counts too."""
+        recorded = self.digests.get(str(dest))
+        if recorded is not None:
+            return recorded == _sha256(current)
+        try:
+            name = dest.relative_to(self.path.parent).as_posix()
+        except ValueError:
+            return False
+        return _sha256(current) in EARLIER_SHIPPED.get(name, frozenset())
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -458,6 +458,47 @@ def test_an_upgrade_that_removes_a_dist_says_so(lay, src):
     assert "never edited" in line and f"removed {lay.real(prof)}.dist" in line, line
 
 
+def test_an_install_older_than_the_record_has_its_unedited_defaults_upgraded(lay, src):
+    """No .shipped.json (an install made before it existed): a file equal to a version an earlier
+    install wrote (earlier_shipped.py; this repository's own files stand for one here, as the next
+    version will see them) is upgraded; one edited is kept, the new default beside it as .dist."""
+    lay.profiles_dir.mkdir(parents=True)
+    prof, cfg = lay.profiles_dir / "plain.toml", lay.config_file
+    old_prof = (REPO / "etc" / "profiles" / "plain.toml").read_bytes()
+    prof.write_bytes(old_prof)
+    cfg.write_bytes(placement.render_config(lay, REPO, cpu=False))
+    (src / "etc" / "gptoss-spark.toml").write_text((REPO / "etc" / "gptoss-spark.toml").read_text() + "# new\n")
+    assert not (lay.etc_dir / placement.SHIPPED_FILE).exists()
+    placed = placement.place_config(lay, src, cpu=False)
+    assert [p.action for p in placed] == ["upgraded", "upgraded"], placed
+    assert prof.read_text() == "[engine]\nargs = []\n" and cfg.read_text().endswith("# new\n")
+    assert not Path(str(prof) + ".dist").exists() and not Path(str(cfg) + ".dist").exists()
+
+    (lay.etc_dir / placement.SHIPPED_FILE).unlink()  # again with no record, the profile edited this time
+    prof.write_bytes(old_prof + b"# mine\n")
+    placed = placement.place_config(lay, src, cpu=False)
+    assert placed[1].action == "kept" and prof.read_bytes() == old_prof + b"# mine\n"
+    assert Path(str(prof) + ".dist").read_text() == "[engine]\nargs = []\n"
+
+
+def test_the_record_of_earlier_defaults_holds_this_versions_files():
+    """The next version recognises this one's files only if they are in earlier_shipped.py: a shipped
+    config or profile changed without rerunning scripts/earlier_shipped.py fails here."""
+    import hashlib
+
+    from gptoss_spark.install.earlier_shipped import DIGESTS
+
+    lay = Layout()
+    missing = [f"gptoss-spark.toml (cpu={cpu})" for cpu in (False, True)
+               if hashlib.sha256(placement.render_config(lay, REPO, cpu=cpu)).hexdigest()
+               not in DIGESTS.get("gptoss-spark.toml", ())]
+    for prof in sorted((REPO / "etc").glob("profiles*/*.toml")):
+        if hashlib.sha256(prof.read_bytes()).hexdigest() not in DIGESTS.get(f"profiles/{prof.name}", ()):
+            missing.append(str(prof.relative_to(REPO)))
+    assert not missing, f"not in gptoss_spark/install/earlier_shipped.py: {missing}; run " \
+                        "python scripts/earlier_shipped.py and commit the result"
+
+
 def test_cpu_config_is_the_demo(lay, src):
     import tomllib
     placement.place_config(lay, src, cpu=True)
