@@ -151,6 +151,19 @@ def test_a_profile_file_added_while_running_is_listed_without_a_reload(service, 
     assert "a profile file is broken (listed: the profiles loaded before): " in out and "broken.toml" in out, out
 
 
+def test_a_profile_file_added_while_running_can_be_switched_to_without_a_reload(service, config, capsys):
+    """The switch reads the profile directories afresh too: a file added after the start is the
+    target, with what it says (not "unknown profile")."""
+    service.do(lambda: make_ready(service.sup))
+    (config.parent / "profiles" / "demo-c.toml").write_text('description = "added while running"\n')
+    assert cli.main(["profile", "demo-c", "--no-wait", "--config", str(config)]) == 0
+    assert "switching demo -> demo-c" in capsys.readouterr().out
+    pending = service.do(lambda: service.sup.commands.pending)
+    assert pending is not None and pending.op.target == "demo-c"
+    target = pending.profile or service.do(lambda: service.sup.profiles.get("demo-c"))
+    assert target is not None and target.description == "added while running"
+
+
 def test_profile_switch_no_wait_queues_it(service, config, capsys):
     service.do(lambda: make_ready(service.sup))
     assert cli.main(["profile", "demo-b", "--no-wait", "--config", str(config)]) == 0
