@@ -156,10 +156,12 @@ def check_warm(settings: Settings) -> Finding:
         return Finding("warm", WARN, "no profile can run on this host")
     if not cold:
         return Finding("warm", OK, f"{', '.join(p.name for p in can)}: a start compiles nothing")
-    listed = ", ".join(f"{n} ({'never warmed' if s == 'never' else 'warmed under other versions'})"
+    paired = {p.name for p in can if p.needs_cluster}  # warmup cannot start these alone (warmup.py)
+    listed = ", ".join(f"{n} ({'never warmed' if s == 'never' else 'warmed under other versions'}"
+                       f"{'; its first start on the pair is its warm-up' if n in paired else ''})"
                        for n, s in sorted(cold.items()))
-    return Finding("warm", WARN, f"not warm: {listed}; their next start compiles (minutes on a Spark): "
-                                 "sudo -u gptoss-spark gptoss-spark warmup --if-cold")
+    fix = ("" if set(cold) <= paired else ": sudo -u gptoss-spark gptoss-spark warmup --if-cold")
+    return Finding("warm", WARN, f"not warm: {listed}; their next start compiles (minutes on a Spark){fix}")
 
 
 def check_service(settings: Settings) -> Finding:

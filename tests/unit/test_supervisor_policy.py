@@ -11,13 +11,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from pathlib import Path
 
-from gptoss_spark.service.startup import StartupRecord
+from structlog.testing import capture_logs
+
+from gptoss_spark.service.startup import PHASES, StartupRecord
+from gptoss_spark.service.systemd import Notifier
 from gptoss_spark.service.probes import EngineMetrics
 from gptoss_spark.service.states import State
 from gptoss_spark.base.exit_codes import EXIT_GAVE_UP, EXIT_OK
 from gptoss_spark.service.supervisor import OpStatus, Supervisor
+from tests.helpers.notify_socket import NotifySocket
 from tests.helpers.supervisor_settings import FakeMemory, make_settings
 
 PIDS = itertools.count(10_000)
@@ -31,7 +36,9 @@ class ScriptedEngine:
     as vLLM does when it rejects an argument), crash_after=S (exits 1 S seconds after it first answers
     /health), crash_once (only the first engine of that profile crashes), unhealthy_after=S
     (/health fails from S seconds after start), no_tokens (/metrics shows a request that never
-    progresses), bad_canary (/health 200 but the canary fails)."""
+    progresses), bad_canary (/health 200 but the canary fails), loading_for=S (/health fails for its
+    first S seconds), compiles (prints vLLM's lines of a start that loads its weights, then compiles
+    an Inductor graph: the start record's phases move from weights to compile)."""
 
     started: list["ScriptedEngine"] = []
 
@@ -62,6 +69,11 @@ class ScriptedEngine:
         peers = [e for e in ScriptedEngine.started if e.profile.name == self.profile.name]
         ScriptedEngine.started.append(self)
         first = not peers
+        if "compiles" in self.modes:
+            self.startup.feed("Starting to load model /model ...")  # vLLM 0.32.0's lines (startup.py)
+            self._timers.append(loop.call_later(0.2, self.startup.feed, "Loading weights took 0.20 seconds"))
+            self._timers.append(loop.call_later(
+                0.2, self.startup.feed, "Compiling a graph for compile range (1, 8) takes 2.50 s"))
         if "crash_on_load" in self.modes:
             self._timers.append(loop.call_later(0.05, self.die, 2 if self.modes["crash_on_load"] == "usage" else 1))
         if "crash_after" in self.modes and (first or "crash_once" not in self.modes):
@@ -106,6 +118,8 @@ class ScriptedProbe:
         e = self.engine
         if e.returncode is not None or "crash_on_load" in e.modes:
             return False
+        if "loading_for" in e.modes and e.age() < float(e.modes["loading_for"]):
+            return False
         return not ("unhealthy_after" in e.modes and e.age() > float(e.modes["unhealthy_after"]))
 
     async def canary(self, timeout: float) -> str | None:
@@ -118,13 +132,13 @@ class ScriptedProbe:
         return EngineMetrics(0, 0, self.tokens)
 
 
-def supervisor(tmp: Path, profiles: dict[str, str], **overrides) -> Supervisor:
+def supervisor(tmp: Path, profiles: dict[str, str], notifier: Notifier | None = None, **overrides) -> Supervisor:
     ScriptedEngine.started = []
     settings = make_settings(tmp, profiles, **{"timeouts": {"load": 2, "probe_interval": 0.05, "drain": 0.2},
                                                "wedge": {"canary_interval": 0, "stall_seconds": 0.3}, **overrides})
     # engine_args_check None: a scripted engine runs no vLLM argv to check (argcheck.py has its own tests)
     return Supervisor(settings, memory_source=FakeMemory(), engine_factory=ScriptedEngine,
-                      probe_factory=ScriptedProbe, engine_args_check=None)
+                      probe_factory=ScriptedProbe, engine_args_check=None, notifier=notifier)
 
 
 async def until(sup: Supervisor, task: asyncio.Task, cond, what: str, timeout: float = 10.0) -> None:
@@ -340,3 +354,40 @@ def test_a_supervisor_that_gave_up_releases_its_memory_claim_and_claims_again_on
         assert await stopped(sup, task) == EXIT_OK
         assert not claim.exists()  # stopped: released as well
     asyncio.run(scenario())
+
+
+def test_status_names_the_start_phase_while_loading(tmp_path, monkeypatch):
+    """STATUS= (what `systemctl status` shows) says where a start is: weights, then compile."""
+    monkeypatch.setattr("gptoss_spark.service.supervisor.LOAD_POLL_SECONDS", 0.02)
+    sock = NotifySocket(tmp_path / "n.sock")
+
+    async def scenario():
+        sup = supervisor(tmp_path, {"p": "compiles,loading_for=0.5"}, notifier=Notifier(str(tmp_path / "n.sock")))
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        assert await stopped(sup, task) == EXIT_OK
+
+    asyncio.run(scenario())
+    sock.wait_for("READY", "1", timeout=5)
+    loading = [m.fields["STATUS"] for m in sock.with_field("STATUS") if m.fields["STATUS"].startswith("loading:")]
+    # Besides the state machine's "loading: profile p (engine pid N)", one line per phase it entered.
+    phases = [m.group(1) for status in loading if (m := re.fullmatch(r"loading: profile p \((\w+) \d+ s\)", status))]
+    assert phases == ["weights", "compile"] and set(phases) <= set(PHASES), loading
+
+
+def test_a_start_that_compiled_warns_and_names_what(tmp_path):
+    async def scenario(mode: str) -> list[dict]:
+        with capture_logs() as logged:
+            sup = supervisor(tmp_path, {"p": mode})
+            task = asyncio.create_task(sup.run())
+            await until(sup, task, lambda: sup.state == State.READY, "ready")
+            assert await stopped(sup, task) == EXIT_OK
+        return [e for e in logged if e["event"].startswith("engine start")]
+
+    compiled = asyncio.run(scenario("compiles,loading_for=0.5"))
+    assert len(compiled) == 1 and compiled[0]["log_level"] == "warning", compiled
+    assert "inductor (1, 8) (2.5 s)" in compiled[0]["event"] and "gptoss-spark warmup" in compiled[0]["event"]
+    assert compiled[0]["ready"] is True and compiled[0]["profile"] == "p"
+    assert "weights=" in compiled[0]["phases"]
+    warm = asyncio.run(scenario(""))  # a start that compiled nothing: no warning
+    assert [(e["log_level"], e["compiled"]) for e in warm] == [("info", "nothing")]

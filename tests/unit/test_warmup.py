@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from gptoss_spark.cli import main
 from gptoss_spark.service.config import Settings
 from gptoss_spark.service.profiles import load_profiles
 from gptoss_spark.service.startup import StartupRecord
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def setup(tmp: Path, args: str = '["--max-num-seqs", "4"]') -> Settings:
@@ -51,6 +55,49 @@ def test_key_follows_versions_and_arguments_not_our_own_version(tmp_path, monkey
     assert warmup.warm_key(s, demo) == key  # an upgrade of this package alone keeps the caches warm
     setup(tmp_path, '["--max-num-seqs", "8"]')
     assert warmup.warm_key(s, load_profiles(s)["demo"]) != key
+
+
+def test_key_follows_the_vllm_patches_applied_to_the_engines_venv(tmp_path):
+    s = setup(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    s = s.model_copy(update={"engine": s.engine.model_copy(update={"python": str(venv / "bin" / "python")})})
+    demo = load_profiles(s)["demo"]
+    unpatched = warmup.warm_key(s, demo)
+    manifest = venv / "gptoss-spark-patches.json"  # what `gptoss-spark patches apply` writes (patching.py)
+    manifest.write_text(json.dumps({"patch_set": "aaaa", "patches": ["01-x.patch"]}))
+    patched = warmup.warm_key(s, demo)
+    assert warmup.applied_patches(s) == "aaaa" and patched != unpatched
+    # An upgrade whose patch changes a patched file: a new ident, so the install warms up again.
+    manifest.write_text(json.dumps({"patch_set": "bbbb", "patches": ["01-x.patch"]}))
+    assert warmup.warm_key(s, demo) not in (patched, unpatched)
+    manifest.write_text("{torn")
+    assert warmup.warm_key(s, demo) == unpatched
+
+
+def test_key_follows_our_code_inside_the_engine_and_nothing_else_of_ours(tmp_path, monkeypatch):
+    s = setup(tmp_path)
+    demo = load_profiles(s)["demo"]
+    pkg = tmp_path / "pkg"
+    for rel in ("engine_hooks/cute_dsl_cache.py", "kernels/device/moe_down.py", "service/supervisor.py"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("x = 1\n")
+    monkeypatch.setattr(warmup, "__file__", str(pkg / "warmup.py"))
+    key = warmup.warm_key(s, demo)
+    (pkg / "service" / "supervisor.py").write_text("x = 2\n")
+    assert warmup.warm_key(s, demo) == key  # the supervisor compiles nothing in the engine
+    (pkg / "kernels" / "device" / "moe_down.py").write_text("x = 2\n")
+    changed = warmup.warm_key(s, demo)
+    assert changed != key  # a Triton kernel of ours changed: its first start compiles it
+    (pkg / "engine_hooks" / "cute_dsl_cache.py").write_text("x = 2\n")
+    assert warmup.warm_key(s, demo) != changed
+
+
+def test_engine_code_is_every_vllm_plugin_we_register():
+    """A plugin added to pyproject.toml runs inside the engine: its code belongs in the warm key."""
+    plugins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
+    packages = {target.split(":")[0].split(".")[1] for target in plugins.values()}
+    assert packages == set(warmup.ENGINE_CODE)
 
 
 def test_markers_say_warm_stale_or_never(tmp_path):
@@ -108,3 +155,35 @@ def test_torch_cuda_version_is_read_without_importing_torch(tmp_path, monkeypatc
     entry.locate = lambda: f  # type: ignore[method-assign]
     monkeypatch.setattr(importlib.metadata, "files", lambda name: [entry])
     assert warmup.torch_cuda_version() == cuda
+
+
+def setup_pair(tmp: Path) -> str:
+    """A head node's config: [cluster] set, a one-node profile and a profile across the pair."""
+    setup(tmp)
+    (tmp / "p" / "pair.toml").write_text('description = "c"\n[engine]\nargs = []\n[requires]\ncluster = true\n')
+    cfg = tmp / "gs.toml"
+    cfg.write_text(f'default_profile = "pair"\n[model]\ndir = "{tmp / "m"}"\n'
+                   f'[paths]\nstate_dir = "{tmp / "s"}"\nprofile_dirs = ["{tmp / "p"}"]\n'
+                   '[admin]\nhost = "10.0.0.1"\n'
+                   '[cluster]\nrole = "head"\naddress = "10.0.0.1"\npeer = "10.0.0.2"\ninterface = "eth1"\n')
+    return str(cfg)
+
+
+def test_a_profile_across_two_nodes_is_left_to_its_first_start_on_the_pair(tmp_path, capsys, monkeypatch):
+    """Started alone, a cluster profile's head waits for the worker's rank and never gets ready: the
+    installer's warm-up would end in exit 32. It is skipped, and the output says why."""
+    cfg = setup_pair(tmp_path)
+    monkeypatch.setattr("gptoss_spark.service.profiles.nvidia_gpu_count", lambda: 0)
+
+    async def must_not_start(*a, **kw):
+        raise AssertionError("warmup started an engine")
+
+    monkeypatch.setattr(warmup, "warm_one", must_not_start)
+    assert main(["warmup", "--if-cold", "--if-room", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    assert "pair: skipped, runs across the two nodes of [cluster]" in out
+    assert "its first start on the pair is its warm-up" in out and "warm-up done: 0 profile(s)" in out
+    assert main(["warmup", "pair", "--config", cfg]) == 0  # named: skipped the same way, not an error
+    assert main(["warmup", "--check", "--config", cfg]) == 1  # it is not warm, and --check says why
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.split()[:2] == ["pair", "never"] and "its first start on the pair is its warm-up" in line
