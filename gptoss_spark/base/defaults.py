@@ -18,6 +18,12 @@ ENGINE_PORT = 8100
 ADMIN_PORT = 8101
 
 DEFAULT_CONFIG_PATH = Path("/etc/gptoss-spark/gptoss-spark.toml")
+# The default service's state dir (the unit's StateDirectory=); gptoss-spark@NAME's is STATE_DIR/NAME.
+STATE_DIR = Path("/var/lib/gptoss-spark")
+# Where every installed service (the default and each gptoss-spark@NAME) writes its memory claim, so
+# that out of the box each sees the others' (service/budget.py). Inside STATE_DIR: writable to all
+# of them under the unit's sandbox, which keeps the shared parent writable for instances too.
+CLAIMS_DIR = STATE_DIR / "claims"
 CONFIG_ENV_VAR = "GPTOSS_SPARK_CONFIG"
 # What every command's --config says.
 CONFIG_HELP = f"settings file (default: ${CONFIG_ENV_VAR} or {DEFAULT_CONFIG_PATH})"

@@ -15,6 +15,8 @@ must match, or rendering fails: a change of the unit that the template would get
 install (and the unit tests), instead of installing a wrong template.
 
 What differs from gptoss-spark.service:
+- ordered after gptoss-spark.service (After=, not Wants=): started together (at boot), the default's
+  engine loads first, so neither vLLM counts the other's loading as its own memory;
 - the settings file is /etc/gptoss-spark/NAME.toml, the state /var/lib/gptoss-spark/NAME
   (paths.state_dir must be that: nothing else under /var/lib is writable to the service);
 - no GPU clock lines. The clock cap is one setting of the whole GPU, owned by the default
@@ -51,8 +53,9 @@ HEADER = """\
 # survive: `sudo systemctl edit gptoss-spark@NAME` (one instance), `... edit gptoss-spark@` (all).
 #
 # Differences from gptoss-spark.service: settings /etc/gptoss-spark/NAME.toml; state in
-# /var/lib/gptoss-spark/NAME (its paths.state_dir must be that); no GPU clock cap lines (the
-# cap is the default instance's); the LAN drop-in is the default's only.
+# /var/lib/gptoss-spark/NAME (its paths.state_dir must be that); started after gptoss-spark
+# when both start; no GPU clock cap lines (the cap is the default instance's); the LAN
+# drop-in is the default's only.
 """
 
 GPU_CLOCK_NOTE = """\
@@ -60,6 +63,16 @@ GPU_CLOCK_NOTE = """\
 # default instance (gpu.max_clock_mhz in gptoss-spark.toml). An instance's `apply` with no cap
 # would reset that cap and its stop would too, under the other engine. An instance's own
 # gpu.max_clock_mhz is not applied.
+"""
+
+# The unit's ordering line, which the template extends.
+UNIT_AFTER = "network-online.target nvidia-persistenced.service"
+AFTER_DEFAULT_NOTE = """\
+# After the default instance: at boot all start together, and a vLLM engine charges the memory another
+# process takes while it profiles to its own (vllm-project/vllm#55827: KV cache shrunk, or none).
+# gptoss-spark is Type=notify, started once its engine is ready, so this one loads after it has.
+# Ordering only: an instance starts without the default, and a `systemctl start` of one alone does
+# not wait for anything but a start of the default already under way.
 """
 
 LAN_NOTE = """\
@@ -104,6 +117,7 @@ def render_template(unit: str) -> str:
     if len(desc) != 1:
         raise TemplateError(f"expected one Description= in {UNIT_NAME}")
     lines[desc[0]] = lines[desc[0]].rstrip("\n") + ", instance %i\n"
+    lines = _replace_line(lines, f"After={UNIT_AFTER}", AFTER_DEFAULT_NOTE + f"After={UNIT_AFTER} {UNIT_NAME}")
     lines = _drop_block(lines, "ExecStartPre=+/opt/gptoss-spark/current/bin/gptoss-spark gpu-clock apply",
                         GPU_CLOCK_NOTE)
     lines = _drop_block(lines, "ExecStopPost=+/opt/gptoss-spark/current/bin/gptoss-spark gpu-clock reset", None)

@@ -35,8 +35,10 @@ CATALOG: dict[str, Checkpoint] = {c.name: c for c in (
                layers=36, experts=128, ignore=GPT_OSS_IGNORE, about="~65 GB; 36 layers, 128 experts, top-4"),
     Checkpoint("gpt-oss-20b", "openai/gpt-oss-20b", "model", "gpt-oss-20b", "gpt-oss-20b",
                layers=24, experts=32, ignore=GPT_OSS_IGNORE, about="~14 GB; 24 layers, 32 experts, top-4"),
-    # NVIDIA's single-token Eagle3 head for gpt-oss-120b: trained for K=1, which is what spec runs.
-    Checkpoint("gpt-oss-120b-eagle3", "nvidia/gpt-oss-120b-Eagle3-throughput", "eagle3", "gpt-oss-120b-Eagle3",
+    # NVIDIA's Eagle3 head for gpt-oss-120b, v3: the head the seed's spec figure (68.9 tok/s, K=1) was
+    # measured with (docs/HARDWARE.md). Its card lists it as superseding -throughput, -short-context and
+    # -long-context. The revision is not pinned: `model pull` records the commit it fetched in the manifest.
+    Checkpoint("gpt-oss-120b-eagle3", "nvidia/gpt-oss-120b-Eagle3-v3", "eagle3", "gpt-oss-120b-Eagle3",
                "gpt-oss-120b", default=True, about="Eagle3 draft head for spec (K=1)"),
     # A public Eagle3 head for gpt-oss-20b in vLLM's Eagle3 format (CC BY 4.0), for spec-20b.
     Checkpoint("gpt-oss-20b-eagle3", "nebius/EAGLE3-gpt-oss-20b", "eagle3", "gpt-oss-20b-Eagle3", "gpt-oss-20b",

@@ -3,21 +3,31 @@ is refused when the claims of the others plus its own (plus memory.start_floor_g
 
 Why claims and not MemAvailable alone: an engine that is still loading has not taken its memory yet,
 so a second one started meanwhile would see it free, and on unified memory the two together freeze
-the host (docs/HARDWARE.md). A claim is a file `<memory.claims_dir>/<served_name>.json` naming the
-supervisor's pid and that process's start time; it is written when an engine is let start and holds
+the host (docs/HARDWARE.md). A claim is a file `<claims dir>/<service>.json` (the service: its unit,
+gptoss-spark or gptoss-spark@NAME, instance.service_name; not its served name, which two instances
+may share, and whose claims would then overwrite each other) naming the supervisor's pid and that
+process's start time; it is written when an engine is let start and holds
 while that supervisor may start one (an engine in backoff will start again). A supervisor that gave up
 (`failed`) or was stopped on request (`stopped`) has no engine and starts none until asked: it stays up
 for the admin API, so it releases its claim (written again at its next start). A claim whose process is gone
 (or whose pid now belongs to another process) counts for nothing, so no cleanup is needed after a
 crash or a reboot.
+
+Checking and claiming happen under one lock (flock on `<claims dir>/.lock`): two supervisors started
+together would otherwise both read the claims before either wrote its own, and both start. The lock
+is held for a directory read and one small write; the holder's exit (even a crash) releases it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from ..base.fsutil import write_atomic
 
@@ -46,7 +56,20 @@ class MemoryBudget:
 
     @property
     def own_file(self) -> Path:
-        return self.dir / f"{self.instance}.json"
+        # Percent-encoded: one file per name, a state dir path included (its "/" cannot be in a file name).
+        return self.dir / f"{quote(self.instance, safe='@._-')}.json"
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the claims directory's lock: no other service checks or claims meanwhile. flock locks an
+        open file description, so two MemoryBudgets exclude each other in one process too."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def others(self) -> list[Claim]:
         """The live claims of the other services, by name."""
@@ -72,7 +95,7 @@ class MemoryBudget:
 
     def release(self) -> bool:
         """Remove this service's claim if it is this process's; True when one was removed. A file of the
-        same name written by another live process (a misconfigured twin with the same served_name) stays."""
+        same name written by another live process (a misconfigured twin with the same state dir) stays."""
         try:
             data = json.loads(self.own_file.read_text())
         except (OSError, ValueError):

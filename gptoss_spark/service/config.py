@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 
 from ..base.errors import ConfigError
-from ..base.defaults import ADMIN_PORT, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK
+from ..base.defaults import ADMIN_PORT, CLAIMS_DIR, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK, STATE_DIR
 from ..base.net import is_loopback
 
 
@@ -55,7 +55,7 @@ class AdminSettings(_Section):
 
 
 class PathSettings(_Section):
-    state_dir: Path = Path("/var/lib/gptoss-spark")
+    state_dir: Path = STATE_DIR
     # Profile directories, read in order; a later file with the same name wins.
     # profiles/ holds the shipped ones (installed once, then yours to edit),
     # profiles.d/ your own.
@@ -104,7 +104,8 @@ class MemorySettings(_Section):
     danger_psi_some_avg10: float = Field(40.0, gt=0, le=100)
     check_interval: float = Field(1.0, gt=0)
     # Several services on one host (two models): each writes its claim (profile memory_gib) here and a
-    # start is refused when all claims + the floor exceed MemTotal (budget.py). Unset: this one only.
+    # start is refused when all claims + the floor exceed MemTotal (budget.py). Unset: the directory
+    # Settings.claims_dir derives from the state dir, one for every installed service.
     claims_dir: Path | None = None
 
 
@@ -233,6 +234,17 @@ class Settings(_Section):
             "XDG_CACHE_HOME": str(c / "xdg"),
             "GPTOSS_SPARK_CUTE_DSL_CACHE": str(c / "cute-dsl"),
         }
+
+    @property
+    def claims_dir(self) -> Path:
+        """memory.claims_dir, or unset: CLAIMS_DIR for the installed services (the default's state dir
+        is STATE_DIR, gptoss-spark@NAME's STATE_DIR/NAME), so they budget each other with no setting;
+        <state_dir>/claims for a service whose state is elsewhere (a hand run, a test), which then
+        counts only its own claim unless memory.claims_dir names a shared one."""
+        if self.memory.claims_dir is not None:
+            return self.memory.claims_dir
+        state = self.paths.state_dir
+        return CLAIMS_DIR if STATE_DIR in (state, state.parent) else state / "claims"
 
     @property
     def state_file(self) -> Path:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..base.defaults import DEFAULT_CONFIG_PATH
+from ..base.defaults import CLAIMS_DIR, DEFAULT_CONFIG_PATH, STATE_DIR
 from ..base.errors import ConfigError
 from .config import Settings, load_settings
 
-STATE_ROOT = Path("/var/lib/gptoss-spark")
+UNIT = "gptoss-spark"
+# What the default service keeps in its state dir, beside the instances' dirs: an instance of one of
+# these names would get the default's directory as its state dir.
+TAKEN_NAMES = frozenset({CLAIMS_DIR.name, "cache", "tiktoken", "demo-model"})
 
 
 def instance_name(config: Path) -> str | None:
@@ -27,13 +30,28 @@ def instance_name(config: Path) -> str | None:
     return config.stem
 
 
+def service_name(state_dir: Path) -> str:
+    """The unit that runs a service with this state dir (gptoss-spark for STATE_DIR,
+    gptoss-spark@NAME for STATE_DIR/NAME, as check_instance holds an instance's file to), else the
+    state dir itself: what a memory claim is keyed by and named as. Unique per running service, as
+    the state dir must be; the served name is not (two instances may serve one name on two ports)."""
+    if state_dir == STATE_DIR:
+        return UNIT
+    if state_dir.parent == STATE_DIR:
+        return f"{UNIT}@{state_dir.name}"
+    return str(state_dir)
+
+
 def check_instance(settings: Settings, config: Path, *, default_config: Path = DEFAULT_CONFIG_PATH,
-                   state_root: Path = STATE_ROOT, name: str | None = None) -> None:
+                   state_root: Path = STATE_DIR, name: str | None = None) -> None:
     """ConfigError if an instance's settings share the state dir, a port or the served name with the
     default service's (its file, when there is one). Not an instance's file: nothing to check."""
     name = name or instance_name(config)
     if name is None:
         return
+    if name in TAKEN_NAMES:
+        raise ConfigError(config, None, f"the instance name {name!r} is a directory of the default service's "
+                          f"({state_root / name})", f"rename the file: any name but {', '.join(sorted(TAKEN_NAMES))}")
     want = state_root / name
     if settings.paths.state_dir != want:
         raise ConfigError(config, "paths.state_dir", f"is {settings.paths.state_dir}, but the unit "
@@ -50,7 +68,7 @@ def check_instance(settings: Settings, config: Path, *, default_config: Path = D
         key, value = clashes[0]
         raise ConfigError(config, key, f"{value!r} is the default service's too ({default_config})",
                           f"give this instance its own {key} (docs/CONFIGURATION.md, \"gpt-oss-20b, and both at once\")")
-    if settings.memory.claims_dir != default.memory.claims_dir:
-        raise ConfigError(config, "memory.claims_dir", f"is {settings.memory.claims_dir}, the default service's "
-                          f"is {default.memory.claims_dir}: neither would see the other's memory claim",
-                          "set the same claims_dir in both files")
+    if settings.claims_dir != default.claims_dir:
+        raise ConfigError(config, "memory.claims_dir", f"is {settings.claims_dir}, the default service's "
+                          f"is {default.claims_dir}: neither would see the other's memory claim",
+                          "set the same claims_dir in both files, or leave it out of both")

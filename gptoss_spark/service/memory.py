@@ -78,19 +78,24 @@ class MemoryGuard:
                       claim: bool = False) -> str | None:
         """Why an engine needing needed_gib more must not start now, or None if it may. With a budget, the
         profile's whole memory_gib (profile_gib) plus the other services' claims must fit in MemTotal
-        first; claim=True then records this service's claim (the start goes ahead)."""
-        r = self.read()
-        if self.budget is not None and profile is not None:
-            full = needed_gib if profile_gib is None else profile_gib
-            refusal = self.budget.refusal(profile, full, self.settings.start_floor_gib, r.total_bytes / GIB)
-            if refusal:
-                return refusal
-        want = needed_gib + self.settings.start_floor_gib
-        if r.available_gib < want:
+        first; claim=True then records this service's claim (the start goes ahead). The check and the
+        claim are one step under the budget's lock: another service's check waits until this claim is
+        written, and counts it."""
+        if self.budget is None or profile is None:
+            return self._available_refusal(self.read(), needed_gib)
+        full = needed_gib if profile_gib is None else profile_gib
+        with self.budget.locked():
+            r = self.read()
+            refusal = (self.budget.refusal(profile, full, self.settings.start_floor_gib, r.total_bytes / GIB)
+                       or self._available_refusal(r, needed_gib))
+            if refusal is None and claim:
+                self.budget.claim(profile, full)
+        return refusal
+
+    def _available_refusal(self, r: MemoryReading, needed_gib: float) -> str | None:
+        if r.available_gib < needed_gib + self.settings.start_floor_gib:
             return (f"only {r.available_gib:.1f} GiB available, the profile needs {needed_gib:g} GiB "
                     f"+ {self.settings.start_floor_gib:g} GiB floor; free memory or lower memory.start_floor_gib")
-        if claim and self.budget is not None and profile is not None:
-            self.budget.claim(profile, needed_gib if profile_gib is None else profile_gib)
         return None
 
     def danger(self) -> str | None:

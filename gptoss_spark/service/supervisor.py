@@ -29,6 +29,7 @@ from .engine import EngineProcess
 from ..base.errors import ConfigError, RequirementError
 from ..base.exit_codes import EXIT_OK, EXIT_REQUIREMENT
 from .budget import MemoryBudget
+from .instance import service_name
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .startup import StartupHistory
@@ -81,8 +82,7 @@ class SupervisorParts:
         """ConfigError if a profile file is invalid: `serve` exits before anything starts."""
         return cls(store=StateStore(settings.state_file),
                    guard=MemoryGuard(settings.memory, memory_source or ProcMemorySource(),
-                                     MemoryBudget(settings.memory.claims_dir, settings.model.served_name)
-                                     if settings.memory.claims_dir else None),
+                                     MemoryBudget(settings.claims_dir, service_name(settings.paths.state_dir))),
                    policy=RestartPolicy(settings.restart, clock),
                    profiles=load_profiles(settings))
 

