@@ -146,25 +146,32 @@ def given_utilization(args: list[str]) -> float | None:
         return None
 
 
-def utilization_problem(args: list[str], memory_gib: float | None, total_bytes: int | None) -> str | None:
+def utilization_problem(args: list[str], memory_gib: float | None, total_bytes: int | None,
+                        floor_gib: float = 0.0) -> str | None:
     """Why a profile's --gpu-memory-utilization lets vLLM take more than its memory_gib, or None.
 
     vLLM sizes its KV cache to fill that share of the device's memory; on a Spark the device's
     memory is the host's (unified: MemTotal). The memory guard reserves memory_gib for the engine
     (and, with claims, for other services beside it): a larger share lets the engine take memory
     the guard gave nobody, which on unified memory freezes the host instead of failing cleanly.
-    No flag (vLLM's default then is 0.9, sized by --kv-cache-memory-bytes or the other checks),
-    memory_gib 0 (no need stated) or an unknown total: nothing to compare."""
+    The guard starts an engine only with memory_gib + memory.start_floor_gib free, so a share up to
+    that sum still takes only memory that was free at the start: `floor_gib` is that slack. It also
+    keeps the check from hinging on MemTotal's exact figure, which differs from CUDA's total (a
+    Spark: 119.7 GiB per CUDA, 121.6 GiB addressable per the seed documents; plain's 0.70 of either
+    fits 84 + 4). No flag (vLLM's default then is 0.9, sized by --kv-cache-memory-bytes or the other
+    checks), memory_gib 0 (no need stated) or an unknown total: nothing to compare."""
     share = given_utilization(args)
     if share is None or not memory_gib or not total_bytes:
         return None
     takes = share * total_bytes
-    if takes <= memory_gib * GIB:
+    allowed = (memory_gib + floor_gib) * GIB
+    if takes <= allowed:
         return None
-    fits = int(memory_gib * GIB / total_bytes * 100) / 100
+    fits = int(allowed / total_bytes * 100) / 100
     return (f"{UTILIZATION_FLAG} {share:g} lets the engine take {takes / GIB:.1f} GiB of the host's "
-            f"{total_bytes / GIB:.1f} GiB, more than the profile's memory_gib = {memory_gib:g} the memory guard "
-            f"reserves: lower it to {fits:.2f} or less, or raise memory_gib (if the host has it)")
+            f"{total_bytes / GIB:.1f} GiB, more than the profile's memory_gib = {memory_gib:g} + the "
+            f"{floor_gib:g} GiB start floor the memory guard reserves: lower it to {fits:.2f} or less, or "
+            f"raise memory_gib (if the host has it)")
 
 
 def engine_on_gpu(gpus: int) -> bool:
@@ -303,7 +310,8 @@ async def profile_rejects(settings: "Settings", profile: "Profile", timeout: flo
     python, args = split_engine_argv(build_argv(settings, profile))
     python = python or sys.executable
     if engine_on_gpu(nvidia_gpu_count()):  # no vLLM import needed, and never cached: MemTotal is read now
-        problem = utilization_problem(args, profile.memory_gib, host_memory_total_bytes())
+        problem = utilization_problem(args, profile.memory_gib, host_memory_total_bytes(),
+                                      settings.memory.start_floor_gib)
         if problem is not None:
             return problem
     cache = settings.paths.state_dir / CACHE_FILE
@@ -338,7 +346,8 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
         for name in sorted(profiles):
             python, args = split_engine_argv(build_argv(settings, profiles[name]))
-            problem = utilization_problem(args, profiles[name].memory_gib, total)
+            problem = utilization_problem(args, profiles[name].memory_gib, total,
+                                          settings.memory.start_floor_gib)
             if problem is not None:  # refused without a vLLM import
                 results[name] = ("rejected", problem)
                 continue

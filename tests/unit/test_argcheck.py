@@ -166,6 +166,7 @@ def test_an_accepted_argv_is_not_asked_again_under_the_same_venv_and_checkpoint(
 
 
 SPARK_TOTAL = int(119.7 * (1 << 30))  # MemTotal as the project's sizing takes it (what GB10's CUDA reports)
+SEED_ADDRESSABLE = int(121.6 * (1 << 30))  # "the Spark's 121.6 GiB of addressable memory" (a seed document)
 
 
 def test_gpu_memory_utilization_must_fit_memory_gib_and_the_refusal_gives_the_numbers():
@@ -173,10 +174,13 @@ def test_gpu_memory_utilization_must_fit_memory_gib_and_the_refusal_gives_the_nu
 
     assert utilization_problem(["--gpu-memory-utilization", "0.70"], 84, SPARK_TOTAL) is None  # 83.8 GiB
     line = utilization_problem(["--gpu-memory-utilization", "0.70", "--gpu-memory-utilization", "0.99"], 84,
-                               SPARK_TOTAL)  # argparse takes the last
+                               SPARK_TOTAL, 4)  # argparse takes the last
     assert line == ("--gpu-memory-utilization 0.99 lets the engine take 118.5 GiB of the host's 119.7 GiB, more "
-                    "than the profile's memory_gib = 84 the memory guard reserves: lower it to 0.70 or less, or "
-                    "raise memory_gib (if the host has it)"), line
+                    "than the profile's memory_gib = 84 + the 4 GiB start floor the memory guard reserves: lower "
+                    "it to 0.73 or less, or raise memory_gib (if the host has it)"), line
+    # The floor is the slack: 0.72 of 119.7 = 86.2 GiB fits 84 + 4, not 84 alone.
+    assert utilization_problem(["--gpu-memory-utilization", "0.72"], 84, SPARK_TOTAL, 4) is None
+    assert utilization_problem(["--gpu-memory-utilization", "0.72"], 84, SPARK_TOTAL) is not None
     assert utilization_problem(["--gpu-memory-utilization=0.99"], 84, SPARK_TOTAL) is not None
     assert utilization_problem(["--max-num-seqs", "4"], 84, SPARK_TOTAL) is None      # no flag: vLLM's default
     assert utilization_problem(["--gpu-memory-utilization", "0.99"], 0, SPARK_TOTAL) is None  # no need stated
@@ -202,8 +206,10 @@ def test_the_shipped_spark_profiles_utilization_fits_their_memory_gib(tmp_path, 
     profiles = profiles_module.load_profiles(load_settings(cfg))
     given = {n: given_utilization(list(p.args)) for n, p in profiles.items()}
     assert given["plain"] == 0.70 and given["throughput"] == 0.80 and given["plain-20b"] == 0.18, given
-    assert {n: utilization_problem(list(p.args), p.memory_gib, SPARK_TOTAL) for n, p in profiles.items()} == \
-        {n: None for n in profiles}
+    floor = load_settings(cfg).memory.start_floor_gib
+    for total in (SPARK_TOTAL, SEED_ADDRESSABLE):  # whichever figure a Spark's MemTotal turns out to be
+        assert {n: utilization_problem(list(p.args), p.memory_gib, total, floor) for n, p in profiles.items()} == \
+            {n: None for n in profiles}, total
 
 
 def test_a_utilization_over_memory_gib_is_refused_before_any_vllm_import_on_a_gpu_host_only(tmp_path, monkeypatch):
