@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, replace_symlink, write_atomic
 from .layout import Layout
 
 DEMO_PROFILE = "demo"
@@ -80,7 +80,7 @@ class Shipped:
     def __init__(self, layout: Layout):
         self.path = layout.etc_dir / SHIPPED_FILE
         try:
-            data = json.loads(self.path.read_text())
+            data = read_json(self.path)
         except (OSError, ValueError):
             data = {}
         self.digests: dict[str, str] = {k: v for k, v in data.items() if isinstance(v, str)} \
@@ -377,10 +377,7 @@ def link_cli(layout: Layout, *, dry_run: bool = False) -> Placed:
     if dry_run:
         return Placed(link, "would-create")
     link.parent.mkdir(parents=True, exist_ok=True)
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    os.symlink(layout.current_cli, tmp)
-    os.replace(tmp, link)
+    replace_symlink(link, layout.current_cli)
     return Placed(link, "created")
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..base.exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV, EXIT_WARMUP
-from ..base.fsutil import dir_bytes
+from ..base.fsutil import dir_bytes, write_atomic
 from .layout import InstallError, SERVICE, Layout
 from .locks import CPU_UNWANTED, UNWANTED, LockTarget
 
@@ -100,14 +100,6 @@ def list_venvs(layout: Layout) -> list[str]:
     if not layout.venvs_dir.is_dir():
         return []
     return sorted(p.name for p in layout.venvs_dir.iterdir() if p.is_dir() and is_complete(p))
-
-
-def _atomic_symlink(link: Path, target: str) -> None:
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)  # rename(2): readers see the old link or the new one, never none
 
 
 def prune(layout: Layout, *, keep: Sequence[str] = (), dry_run: bool = False) -> list[str]:
@@ -285,9 +277,7 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
         os.umask(old_umask)
     manifest = {"id": plan.venv_id, "mode": plan.mode, "python": plan.python,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.monotonic() - t0, 1)}
-    tmp = venv / (COMPLETE_MARKER + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, venv / COMPLETE_MARKER)
+    write_atomic(venv / COMPLETE_MARKER, (json.dumps(manifest, indent=2) + "\n").encode())
     return True
 
 

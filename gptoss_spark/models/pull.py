@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..base.errors import UserError
 from ..base.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 from .catalog import Checkpoint
 from .hashing import digests
 from .manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
@@ -143,7 +143,7 @@ class _Progress:
     def load(self) -> bool:
         """Read the record; False if it is for another commit (the staging is then stale)."""
         try:
-            data = json.loads(self.path.read_text())
+            data = read_json(self.path)
         except (OSError, ValueError):
             return True
         if data.get("commit") != self.commit:
