@@ -192,13 +192,14 @@ def read_config(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _toml_value(v: Any) -> str:
+def toml_literal(v: Any) -> str:
+    """v written as a TOML value: a bool, number, list of them, or a quoted string."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_literal(x) for x in v) + "]"
     s = str(v).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{s}"'
 
@@ -212,7 +213,7 @@ def set_toml_keys(text: str, values: dict[tuple[str | None, str], Any]) -> str:
     top of the table (created if missing). Verified by parsing the result."""
     lines = text.splitlines()
     for (section, key), value in values.items():
-        new_line = f"{key} = {_toml_value(value)}"
+        new_line = f"{key} = {toml_literal(value)}"
         # Span of the table: from its header (or file start for top-level) to the next header.
         if section is None:
             start = 0

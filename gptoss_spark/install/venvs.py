@@ -285,7 +285,8 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
 AS_SERVICE = ("setpriv", f"--reuid={SERVICE}", f"--regid={SERVICE}", "--init-groups")
 
 
-def _config_args(layout: Layout) -> list[str]:
+def config_args(layout: Layout) -> list[str]:
+    """`--config FILE` for a command run by an install step, when the installed settings file exists."""
     return ["--config", str(layout.config_file)] if layout.config_file.is_file() else []
 
 
@@ -362,7 +363,7 @@ def _build(plan: BuildPlan, run: Runner, log: Callable[[str], None]) -> None:
         log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
         # As the service user, with the settings the service will read: the cache lands where
         # the engine looks (TRITON_CACHE_DIR under state_dir) and the engine can add to it.
-        _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *_config_args(plan.layout)]) == 0,
+        _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *config_args(plan.layout)]) == 0,
               "the ahead-of-time kernel build failed (see above); the previous install is untouched",
               EXIT_KERNELS)
 
@@ -386,7 +387,7 @@ def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = 
             f"{layout.real(layout.state_dir)}/cache/flashinfer and link them into {layout.real(venv)}")
         return
     log("  compiling FlashInfer's JIT modules for the installed profiles (a first install: long, see docs/INSTALL.md)")
-    cfg = _config_args(layout)
+    cfg = config_args(layout)
     _step(run([*AS_SERVICE, gs, "flashinfer", "build", *cfg]) == 0,
           "the FlashInfer JIT build failed (the line above names the module and its log); "
           "the previous install is untouched", EXIT_FLASHINFER)
@@ -407,7 +408,7 @@ def warm_up(layout: Layout, venv: Path, *, service_active: bool, run: Runner = d
     is its warm-up, and this says so before the switch.
     """
     gs = str(venv / "bin" / "gptoss-spark")
-    cfg = _config_args(layout)
+    cfg = config_args(layout)
     if dry_run:
         log(f"  would start each profile's engine once as {SERVICE} (gptoss-spark warmup --if-cold --if-room)")
         return

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
 
 TOKEN = "integration-" + "c" * 40
@@ -138,7 +138,7 @@ def running_service(model_dir: Path, profiles: dict[str, str],
             svc.proc.kill()
             svc.proc.wait()
         for pid in svc.engine_pids():  # only the engines this service started
-            if _session_members(pid):
+            if session_members(pid):
                 os.killpg(pid, signal.SIGKILL)
         svc.admin.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ class Node:
         return [e["pid"] for e in self.events("engine spawned")]
 
     def live_engine_processes(self) -> list[int]:
-        return [p for pid in self.engine_pids() for p in _session_members(pid)]
+        return [p for pid in self.engine_pids() for p in session_members(pid)]
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-n:])
@@ -165,7 +165,7 @@ class Node:
             self.proc.kill()
             self.proc.wait()
         for pid in self.engine_pids():  # only the engines this node started
-            if _session_members(pid):
+            if session_members(pid):
                 os.killpg(pid, signal.SIGKILL)
         if self.log:
             self.log.close()

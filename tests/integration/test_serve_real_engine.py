@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from gptoss_spark.service.probes import parse_prometheus_sums
 from tests.helpers.demo_settings import demo_settings_toml
 from tests.helpers.notify_socket import NotifySocket
@@ -132,7 +132,7 @@ def _teardown(svc: Service) -> None:
         svc.proc.kill()
         svc.proc.wait()
     for pid in svc.engine_pids():
-        if _session_members(pid):
+        if session_members(pid):
             os.killpg(pid, signal.SIGKILL)
     svc.notify.close()
     ARTIFACTS.mkdir(exist_ok=True)
@@ -182,7 +182,7 @@ def test_sighup_is_a_warm_restart(service):
     ready = service.notify.wait_for("READY", "1", after=reloading.at, timeout=600)
     service.timeline["warm_restart_s"] = round(ready.at - t0, 2)
     new = service.engine_pids()[-1]
-    assert new != old and not _session_members(old)
+    assert new != old and not session_members(old)
     assert Path(f"/proc/{new}").exists()
     r = httpx.post(f"{service.base}/v1/completions", timeout=120,
                    json={"model": "gptoss", "prompt": "Again", "max_tokens": 3, "ignore_eos": True})
@@ -224,7 +224,7 @@ def test_sigterm_with_request_in_flight_ends_cleanly_and_leaves_nothing(service)
     service.timeline["in_flight_outcome"] = dict(outcome)
     assert rc == 0, service.tail()
     assert took <= DRAIN + GRACE + 10
-    assert not _session_members(engine)
+    assert not session_members(engine)
     # Either the request finished, or it ended with a clean transport error; never a hang.
     assert outcome.get("done") or outcome.get("error"), outcome
     assert service.notify.with_field("STOPPING", "1")

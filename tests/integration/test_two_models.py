@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from gptoss_spark.base.exit_codes import EXIT_GAVE_UP
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +120,7 @@ claims_dir = "{claims}"
             self.proc.kill()
             self.proc.wait()
         for pid in self.engine_pids():
-            if _session_members(pid):
+            if session_members(pid):
                 os.killpg(pid, signal.SIGKILL)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -176,7 +176,7 @@ def test_killing_one_engine_leaves_the_other_serving(pair):
     engine = alpha.engine_pids()[-1]
     os.killpg(engine, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while _session_members(engine) and time.monotonic() < deadline:
+    while session_members(engine) and time.monotonic() < deadline:
         time.sleep(0.2)
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{alpha.base}/health", timeout=2).raise_for_status()
