@@ -24,6 +24,7 @@ import httpx
 
 from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
+from tests.helpers.serve_log import engine_pids
 
 TOKEN = "integration-" + "c" * 40
 DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
@@ -75,17 +76,7 @@ class Service:
                                      stderr=subprocess.STDOUT, cwd=self.tmp)
 
     def engine_pids(self) -> list[int]:
-        pids = []
-        if not self.log_path.exists():  # serve never started
-            return pids
-        for line in self.log_path.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == "engine spawned":
-                pids.append(e["pid"])
-        return pids
+        return engine_pids(self.log_path)
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-n:])

@@ -26,6 +26,7 @@ from typing import Iterator
 
 from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
+from tests.helpers.serve_log import engine_pids, log_events
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "cluster-test-" + "d" * 40
@@ -131,18 +132,10 @@ class Node:
         return body  # type: ignore[return-value]
 
     def events(self, name: str) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == name:
-                out.append(e)
-        return out
+        return log_events(self.log_path, name)
 
     def engine_pids(self) -> list[int]:
-        return [e["pid"] for e in self.events("engine spawned")]
+        return engine_pids(self.log_path)
 
     def live_engine_processes(self) -> list[int]:
         return [p for pid in self.engine_pids() for p in session_members(pid)]

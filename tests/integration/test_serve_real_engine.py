@@ -26,6 +26,7 @@ from gptoss_spark.service.engine import session_members
 from gptoss_spark.service.probes import parse_prometheus_sums
 from tests.helpers.demo_settings import demo_settings_toml
 from tests.helpers.notify_socket import NotifySocket
+from tests.helpers.serve_log import engine_pids, log_events
 
 pytestmark = pytest.mark.integration
 
@@ -85,16 +86,10 @@ class Service:
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.tmp)
 
     def log_events(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return log_events(self.log_path)
 
     def engine_pids(self) -> list[int]:
-        return [e["pid"] for e in self.log_events() if e.get("event") == "engine spawned"]
+        return engine_pids(self.log_path)
 
     def metrics(self) -> dict[str, float]:
         text = httpx.get(f"{self.base}/metrics", timeout=10).text
