@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,9 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
-from tests.helpers.serve_log import engine_pids
+from tests.helpers.serve_log import engine_pids, kill_serve
 
 TOKEN = "integration-" + "c" * 40
 DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
@@ -125,12 +123,7 @@ def running_service(model_dir: Path, profiles: dict[str, str],
         svc.wait_ready()
         yield svc
     finally:
-        if svc.proc is not None and svc.proc.poll() is None:
-            svc.proc.kill()
-            svc.proc.wait()
-        for pid in svc.engine_pids():  # only the engines this service started
-            if session_members(pid):
-                os.killpg(pid, signal.SIGKILL)
+        kill_serve(svc.proc, svc.log_path)
         svc.admin.close()
         shutil.rmtree(tmp, ignore_errors=True)
 

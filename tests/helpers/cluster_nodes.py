@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import Iterator
 
 from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
-from tests.helpers.serve_log import engine_pids, log_events
+from tests.helpers.serve_log import engine_pids, kill_serve, log_events
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "cluster-test-" + "d" * 40
@@ -154,12 +153,7 @@ class Node:
         raise AssertionError(f"{self.role} not ready within {timeout:g} s:\n{self.tail()}")
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in self.engine_pids():  # only the engines this node started
-            if session_members(pid):
-                os.killpg(pid, signal.SIGKILL)
+        kill_serve(self.proc, self.log_path)
         if self.log:
             self.log.close()
             self.log = None

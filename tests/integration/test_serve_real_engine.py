@@ -26,7 +26,7 @@ from gptoss_spark.service.engine import session_members
 from gptoss_spark.service.probes import parse_prometheus_sums
 from tests.helpers.demo_settings import demo_settings_toml
 from tests.helpers.notify_socket import NotifySocket
-from tests.helpers.serve_log import engine_pids, log_events
+from tests.helpers.serve_log import engine_pids, kill_serve, log_events
 
 pytestmark = pytest.mark.integration
 
@@ -123,12 +123,7 @@ def service(demo_model_dir, tmp_path_factory):
 
 
 def _teardown(svc: Service) -> None:
-    if svc.proc.poll() is None:
-        svc.proc.kill()
-        svc.proc.wait()
-    for pid in svc.engine_pids():
-        if session_members(pid):
-            os.killpg(pid, signal.SIGKILL)
+    kill_serve(svc.proc, svc.log_path)
     svc.notify.close()
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "serve-timeline.json").write_text(json.dumps(svc.timeline, indent=2))

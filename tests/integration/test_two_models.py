@@ -27,7 +27,7 @@ import pytest
 from gptoss_spark.base.exit_codes import EXIT_GAVE_UP
 from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
-from tests.helpers.serve_log import engine_pids, log_events
+from tests.helpers.serve_log import engine_pids, kill_serve, log_events
 
 pytestmark = pytest.mark.integration
 
@@ -88,12 +88,7 @@ class Instance:
         return "\n".join(self.log_path.read_text().splitlines()[-30:])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in self.engine_pids():
-            if session_members(pid):
-                os.killpg(pid, signal.SIGKILL)
+        kill_serve(self.proc, self.log_path)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
