@@ -1,8 +1,9 @@
 """`gptoss-spark` command line.
 
 One convention: each package with commands has a `cli.py` whose register(subparsers) adds
-them (the top-level modules commands.py, admin_cli.py and doctor.py are such modules
-themselves), imported here by name; each parser it adds sets `func(args) -> int`.
+them (the top-level modules commands.py, admin_cli.py, doctor.py, gpuclock.py, model_cli.py
+and warmup.py are such modules themselves), imported here by name; each parser it adds sets
+`func(args) -> int`. tests/unit/test_house_rules.py holds the convention.
 base/errors.run_command runs the chosen one: a UserError ends in one line on stderr and its exit
 code, never a traceback.
 """

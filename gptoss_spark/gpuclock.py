@@ -27,6 +27,7 @@ from typing import Any
 
 from .base.errors import ConfigError, RequirementError, UserError
 from .base.exit_codes import EXIT_OK
+from .base.fsutil import read_json
 from .base.defaults import CONFIG_HELP
 
 # Root-only (the command runs as root); /run is a tmpfs, so a reboot, which resets the clocks too,
@@ -106,7 +107,7 @@ def reset(marker: Path = MARKER, nvml: Any = None) -> str:
     if not marker.exists():
         return "no cap of ours is on: nothing to reset"
     try:
-        gpus = json.loads(marker.read_text())["gpus"]
+        gpus = read_json(marker)["gpus"]
     except (ValueError, KeyError, TypeError):
         gpus = None  # unreadable: reset every GPU (ours was on all of them)
     nvml = nvml or _nvml()

@@ -18,7 +18,7 @@ from .service.config import Settings, load_settings, resolve_config_path
 from .base.defaults import CONFIG_HELP
 from .models.catalog import CATALOG, Checkpoint, checkpoint, default_dir, identify
 from .models.manifest import read_manifest, verify
-from .models.pull import _gb, pull, staging_dir
+from .models.pull import pull, size_text, staging_dir
 
 SERVICE_USER = "gptoss-spark"
 
@@ -86,7 +86,7 @@ def cmd_verify(args) -> int:
         raise UserError(f"{directory} has no manifest (it was not pulled by `gptoss-spark model pull`), so there "
                         "is nothing to verify against; pull it to get one")
     print(f"{directory}: {manifest.repo}@{manifest.revision[:12]}, {len(manifest.files)} files, "
-          f"{_gb(manifest.total_bytes)}, pulled {manifest.pulled_at}")
+          f"{size_text(manifest.total_bytes)}, pulled {manifest.pulled_at}")
     problems = verify(directory, manifest, progress=_verify_progress if sys.stdout.isatty() else None)
     for p in problems:
         print(f"  CORRUPT {p.line()}")
@@ -99,7 +99,7 @@ def cmd_verify(args) -> int:
 
 
 def _verify_progress(i: int, n: int, rel: str, size: int) -> None:
-    print(f"  [{i}/{n}] {rel} ({_gb(size)})", flush=True)
+    print(f"  [{i}/{n}] {rel} ({size_text(size)})", flush=True)
 
 
 def _profiles_using(entry: Checkpoint, settings: Settings) -> list[str]:
@@ -144,4 +144,4 @@ def _state(entry: Checkpoint, d: Path) -> tuple[str, str]:
         found = identify(d)
         if found is not None and found.name != entry.name:
             state += f"; holds {found.name}!"
-    return state, _gb(size)
+    return state, size_text(size)

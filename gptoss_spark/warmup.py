@@ -28,7 +28,6 @@ import hashlib
 import importlib.metadata
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import httpx
 
 from .base.errors import UserError
 from .base.exit_codes import EXIT_FAILED
-from .base.fsutil import write_atomic
+from .base.fsutil import read_json, write_atomic
 from .service.api_access import read_api_key
 from .service.config import Settings, load_settings, resolve_config_path
 from .base.defaults import CONFIG_HELP
@@ -133,7 +132,7 @@ def marker_path(settings: Settings, name: str) -> Path:
 def warm_state(settings: Settings, profile: Profile) -> str:
     """'warm' (marker with this key), 'stale' (warmed under other versions or arguments) or 'never'."""
     try:
-        marker = json.loads(marker_path(settings, profile.name).read_text())
+        marker = read_json(marker_path(settings, profile.name))
     except (OSError, ValueError):
         return "never"
     return "warm" if marker.get("key") == warm_key(settings, profile) else "stale"

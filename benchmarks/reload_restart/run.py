@@ -43,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.helpers.demo_settings import demo_settings_toml  # noqa: E402
 from tests.system.harness import NamespacedSystemd  # noqa: E402
 
 SRC = "/tmp/src"
@@ -124,23 +125,14 @@ def direct_runs(reps: int) -> tuple[float, list[dict[str, float | None]]]:
     (tmp / "admin.token").write_text("bench-" + os.urandom(16).hex() + "\n")
     admin_port = free_port()
     config = tmp / "gptoss-spark.toml"
-    config.write_text(f"""
-default_profile = "demo"
-[model]
-dir = "{model}"
-tiktoken_dir = "{model}"
-[engine]
-port = {free_port()}
-cpu_affinity = [{os.cpu_count() - 1}]
-[admin]
-port = {admin_port}
-token_file = "{tmp / 'admin.token'}"
-[paths]
-state_dir = "{tmp / 'state'}"
-profile_dirs = ["{tmp / 'profiles'}"]
-[timeouts]
-load = 900
-""")
+    # The service's own defaults past the load timeout (None drops the harnesses' shared values):
+    # drain, grace and the memory guard as an install has them, since those are what is measured.
+    config.write_text(demo_settings_toml(
+        model_dir=model, state_dir=tmp / "state", profile_dirs=[tmp / "profiles"], token_file=tmp / "admin.token",
+        engine_port=free_port(), admin_port=admin_port,
+        timeouts={"load": 900, "canary": None, "drain": None, "shutdown_grace": None, "probe_interval": None},
+        wedge={"canary_interval": None},
+        memory={"start_floor_gib": None, "danger_available_gib": None, "danger_psi_some_avg10": None}))
     admin = f"http://127.0.0.1:{admin_port}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gptoss_spark.install.demo_model import make_demo_model  # noqa: E402
+from tests.helpers.demo_settings import demo_settings_toml  # noqa: E402
 
 DEMO = REPO / "etc" / "profiles-cpu" / "demo.toml"
 
@@ -50,12 +51,10 @@ def write_config(tmp: Path, model: Path, profile: str) -> tuple[Path, int, str]:
     (tmp / "admin.token").write_text(token + "\n")
     admin = free_port()
     cfg = tmp / "gs.toml"
-    cfg.write_text(f'default_profile = "{profile}"\n[model]\ndir = "{model}"\ntiktoken_dir = "{model}"\n'
-                   f'[engine]\nport = {free_port()}\ncpu_affinity = [{os.cpu_count() - 1}]\n'
-                   f'[admin]\nport = {admin}\ntoken_file = "{tmp / "admin.token"}"\n'
-                   f'[paths]\nstate_dir = "{tmp / "state"}"\nprofile_dirs = ["{pdir}"]\n'
-                   f'[timeouts]\nload = 1800\ndrain = 3\nshutdown_grace = 8\n[wedge]\ncanary_interval = 0\n'
-                   f'[memory]\nstart_floor_gib = 0.5\ndanger_available_gib = 0.2\ndanger_psi_some_avg10 = 100\n')
+    cfg.write_text(demo_settings_toml(
+        model_dir=model, state_dir=tmp / "state", profile_dirs=[pdir], token_file=tmp / "admin.token",
+        engine_port=free_port(), admin_port=admin, default_profile=profile,
+        timeouts={"load": 1800, "canary": None, "probe_interval": None}))  # the service's canary and probe
     return cfg, admin, token
 
 

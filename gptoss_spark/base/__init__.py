@@ -3,7 +3,7 @@
   defaults     the default ports, loopback and settings path
   errors       the one-line user errors, and run_command, which every entry point runs commands by
   exit_codes   every exit code in one table
-  fsutil       the one atomic file writer and the one JSON file reader
+  fsutil       the one atomic file writer, symlink swap and JSON file reader
   net          network-address facts (is_loopback)
   token        the admin token file's one reader
 

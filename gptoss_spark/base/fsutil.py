@@ -1,5 +1,5 @@
 """Files: the one atomic writer (a crash or power cut leaves the old file or the new one, never half of
-one) and the one JSON file reader."""
+one), the one atomic symlink swap, and the one JSON file reader."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync_dir: bool =
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def replace_symlink(link: Path, target: str | Path) -> None:
+    """Point link at target in one rename: readers see the old link or the new one, never none."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)  # rename(2) over the old link
 
 
 def read_json(path: Path) -> Any:

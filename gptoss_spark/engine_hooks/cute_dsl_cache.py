@@ -41,6 +41,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+# The ground floor is stdlib only (json, os, tempfile) and ships in the same wheel as this plugin,
+# so importing it inside vLLM's processes costs nothing the plugin does not already pay.
+from ..base.fsutil import read_json, write_atomic
+
 ENV_VAR = "GPTOSS_SPARK_CUTE_DSL_CACHE"
 MODULE = "flashinfer.quantization.kernels.mxfp8_quantize"
 BUILDERS = ("_get_compiled_kernel_mxfp8_linear", "_get_compiled_kernel_mxfp8_swizzled")
@@ -101,7 +105,7 @@ def persistent(builder: str, original: Callable[..., tuple[Any, int]], cache_dir
         meta = obj.with_suffix(".json")
         if obj.is_file() and meta.is_file():
             try:
-                extra = json.loads(meta.read_text())["extra"]
+                extra = read_json(meta)["extra"]
                 fn = getattr(load(str(obj)), _export_name(builder))
                 log.info(HIT_MESSAGE, builder, key)
                 return fn, extra
@@ -114,10 +118,8 @@ def persistent(builder: str, original: Callable[..., tuple[Any, int]], cache_dir
             cache_dir.mkdir(parents=True, exist_ok=True)
             tmp = obj.with_name(f".{obj.name}.{os.getpid()}.o")
             compiled.export_to_c(str(tmp), function_name=_export_name(builder))
-            meta_tmp = tmp.with_suffix(".json")
-            meta_tmp.write_text(json.dumps({"builder": builder, "args": [repr(a) for a in args], "extra": extra,
-                                            **identity()}))
-            os.replace(meta_tmp, meta)
+            write_atomic(meta, json.dumps({"builder": builder, "args": [repr(a) for a in args], "extra": extra,
+                                           **identity()}).encode(), sync_dir=False)
             os.replace(tmp, obj)  # the object last: an entry is whole once its .o exists
         except Exception as e:  # noqa: BLE001 - not persisting costs the next start a compile, nothing else
             log.warning("gptoss-spark cute-dsl compile of %s not stored (%s)", builder, e)

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 from ..service.config import Settings
 from ..base.errors import UserError
 from ..base.exit_codes import EXIT_FLASHINFER
-from ..base.fsutil import dir_bytes, write_atomic
+from ..base.fsutil import dir_bytes, replace_symlink, write_atomic
 from ..service.memory import ProcMemorySource
 from ..service.profiles import Profile, load_profiles, unknown_profiles
 from ..service import flashinfer_cache as cache
@@ -293,11 +293,7 @@ def link(settings: Settings, *, target: Path | None = None, say: Callable[[str],
             raise FlashInferBuildError(f"FlashInfer module {name} is not built at {mdir}; "
                                        "run `gptoss-spark flashinfer build` as the service user first")
         link_path = target / name
-        tmp = target / f".{name}.{os.getpid()}.tmp"
-        if tmp.is_symlink():
-            tmp.unlink()
-        os.symlink(mdir, tmp)
-        os.replace(tmp, link_path)
+        replace_symlink(link_path, mdir)
         linked.append(link_path)
     for p in target.iterdir():
         if p.is_symlink() and p.name not in by_name:

@@ -1,4 +1,5 @@
-"""`gptoss-spark install <step>`: the steps install.sh runs, one subcommand each.
+"""`gptoss-spark install <step>`: the steps install.sh runs, one subcommand each; and the two
+install-time commands that run in the new venv, `demo-model` and `patches`.
 
 Human-readable progress goes to stderr; where install.sh needs an answer
 (did the venv get built, did `current` move, did the unit change) it is the
@@ -8,6 +9,7 @@ single word on stdout. Every step takes --dry-run and then changes nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -416,12 +418,84 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0 if model_dir is None or preflight.check_checkpoint(model_dir).warning is False else 1
 
 
+# ---------------------------------------------------------------- the commands that run in the new venv
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    print(demo_model.make_demo_model(Path(args.dir), seed=args.seed, experts=args.experts))
+    return 0
+
+
+def cmd_patches_apply(args: argparse.Namespace) -> int:
+    print(patching.apply(args.venv, args.patches_dir))
+    return 0
+
+
+def cmd_patches_verify(args: argparse.Namespace) -> int:
+    print(patching.verify(args.venv, args.patches_dir))
+    return 0
+
+
+def cmd_patches_status(args: argparse.Namespace) -> int:
+    r = patching.inspect_venv(args.venv, args.patches_dir)
+    if args.json:
+        print(json.dumps(r.to_json(), indent=2))
+        return 0
+    for f in r.files:
+        print(f"{f.state:10s} {f.path}")
+    print(f"{r.state}: {r.target.dist_name} {r.target.dist_version} in {r.target.site_packages}: {r.detail}")
+    return 0
+
+
+def cmd_patches_lock(args: argparse.Namespace) -> int:
+    print(patching.write_lock(Path(args.site_packages), Path(args.patches_dir) if args.patches_dir else None))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """`install STEP`, and the two install-time commands that run in the new venv: `demo-model`
-    and `patches` (their options stand beside their code)."""
+    and `patches`."""
     register_steps(sub)
-    demo_model.register(sub)
-    patching.register(sub)
+    register_demo_model(sub)
+    register_patches(sub)
+
+
+def register_demo_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo-model",
+        help="write a tiny random-weight gpt-oss checkpoint (real tokenizer) for CPU hosts and tests",
+        description=(
+            "Write a tiny gpt-oss checkpoint with random bf16 weights and the real o200k_harmony "
+            "tokenizer to DIR, offline. vLLM serves it on a CPU; its output is noise. "
+            "Reuses DIR if it already holds the same model."
+        ),
+    )
+    p.add_argument("--experts", choices=demo_model.EXPERT_FORMATS, default="bf16",
+                   help="bf16 (default); mxfp4: the experts as the published MXFP4 checkpoints store them "
+                        "(served on a CPU only through GPTOSS_SPARK_MOE=triton); mxfp4-as-bf16: the same "
+                        "values stored as bf16")
+    p.add_argument("dir", metavar="DIR", help="output directory: new, empty, or an earlier demo model (which is replaced)")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.set_defaults(func=cmd_demo_model)
+
+
+def register_patches(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("patches", help="apply/verify our vLLM patches in a venv",
+                       description="Apply, verify or show our vLLM patches (patches/vllm) in a virtual environment.")
+    psub = p.add_subparsers(dest="patches_command", metavar="ACTION", required=True)
+    for name, func, text in (("apply", cmd_patches_apply, "apply all patches (all or nothing; a no-op when already applied)"),
+                             ("verify", cmd_patches_verify, "exit 0 only if the venv's vLLM is exactly our patched vLLM"),
+                             ("status", cmd_patches_status, "show each target file's state")):
+        q = psub.add_parser(name, help=text, description=text)
+        q.add_argument("--venv", required=True, type=Path, help="the virtual environment vLLM is installed in")
+        q.add_argument("--patches-dir", type=Path, default=None,
+                       help=f"directory with series.json and *.patch (default: ${patching.ENV_PATCHES_DIR} or the checkout's patches/vllm)")
+        if name == "status":
+            q.add_argument("--json", action="store_true", help="machine-readable output")
+        q.set_defaults(func=func)
+    q = psub.add_parser("lock", help="(developers) regenerate series.json from a pristine vLLM site-packages")
+    q.add_argument("--site-packages", required=True, help="site-packages holding an unpatched vLLM")
+    q.add_argument("--patches-dir", type=Path, default=None)
+    q.set_defaults(func=cmd_patches_lock)
 
 
 def register_steps(sub: argparse._SubParsersAction) -> None:

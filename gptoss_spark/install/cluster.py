@@ -26,7 +26,7 @@ from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
 from ..base.fsutil import write_atomic
 from .dropins import links
 from .layout import InstallError, Layout
-from .placement import Placed, _toml_value, read_config, render_config, set_toml_keys
+from .placement import Placed, read_config, render_config, set_toml_keys, toml_literal
 
 ROLES = ("head", "worker", "single")
 # vLLM's TCPStore on the head; the service's default (ClusterSettings.master_port).
@@ -173,12 +173,12 @@ def without_section(text: str, section: str) -> str:
 def _block(c: Cluster, extra: dict[str, Any]) -> str:
     lines = ["[cluster]",
              f"# Written by install.sh --role {c.role} (docs/CLUSTER.md); --role single removes it.",
-             f"role = {_toml_value(c.role)}",
-             f"address = {_toml_value(c.address)}       # this node's link address",
-             f"peer = {_toml_value(c.peer)}          # the other node's",
-             f"interface = {_toml_value(c.interface)}  # this node's link interface (Gloo, NCCL)",
+             f"role = {toml_literal(c.role)}",
+             f"address = {toml_literal(c.address)}       # this node's link address",
+             f"peer = {toml_literal(c.peer)}          # the other node's",
+             f"interface = {toml_literal(c.interface)}  # this node's link interface (Gloo, NCCL)",
              f"master_port = {c.master_port}          # vLLM's TCPStore on the head, the same on both"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in extra.items()]  # the owner's other keys, kept
+    lines += [f"{k} = {toml_literal(v)}" for k, v in extra.items()]  # the owner's other keys, kept
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,6 @@ TIKTOKEN_ENCODINGS_BASE can point at the model directory itself.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import fcntl
@@ -403,26 +402,3 @@ def make_demo_model(out_dir: Path, *, seed: int = 0, experts: str = "bf16") -> P
     return out_dir
 
 
-def _cmd_demo_model(args: argparse.Namespace) -> int:
-    out = make_demo_model(Path(args.dir), seed=args.seed, experts=args.experts)
-    print(out)
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "demo-model",
-        help="write a tiny random-weight gpt-oss checkpoint (real tokenizer) for CPU hosts and tests",
-        description=(
-            "Write a tiny gpt-oss checkpoint with random bf16 weights and the real o200k_harmony "
-            "tokenizer to DIR, offline. vLLM serves it on a CPU; its output is noise. "
-            "Reuses DIR if it already holds the same model."
-        ),
-    )
-    p.add_argument("--experts", choices=EXPERT_FORMATS, default="bf16",
-                   help="bf16 (default); mxfp4: the experts as the published MXFP4 checkpoints store them "
-                        "(served on a CPU only through GPTOSS_SPARK_MOE=triton); mxfp4-as-bf16: the same "
-                        "values stored as bf16")
-    p.add_argument("dir", metavar="DIR", help="output directory: new, empty, or an earlier demo model (which is replaced)")
-    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    p.set_defaults(func=_cmd_demo_model)

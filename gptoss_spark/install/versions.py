@@ -29,10 +29,10 @@ from typing import Callable
 
 from . import dropins, instances, placement
 from ..base.exit_codes import EXIT_NO_PREVIOUS, EXIT_VENV
-from ..base.fsutil import read_json, write_atomic
+from ..base.fsutil import read_json, replace_symlink, write_atomic
 from .layout import UNIT_NAME, InstallError, Layout
 from .placement import Placed
-from .venvs import _atomic_symlink, is_complete, prune, read_link_id
+from .venvs import is_complete, prune, read_link_id
 
 SHIPPED = ".shipped"
 SERVED = ".served"
@@ -157,9 +157,9 @@ def switch_to(layout: Layout, vid: str, *, dry_run: bool = False) -> tuple[bool,
     if cur and is_complete(layout.venvs_dir / cur) and not has_shipped(layout, cur) and layout.unit_file.is_file():
         _adopt_installed_unit(layout, cur)
     _write_json(layout.opt_dir / SWITCH_RECORD, {"to": vid, "current": cur, "previous": prev})
-    _atomic_symlink(layout.current, f"venvs/{vid}")
+    replace_symlink(layout.current, f"venvs/{vid}")
     if cur and is_complete(layout.venvs_dir / cur) and last_served(layout, cur):
-        _atomic_symlink(layout.previous, f"venvs/{cur}")
+        replace_symlink(layout.previous, f"venvs/{cur}")
     elif prev == vid:
         layout.previous.unlink()  # a rollback: the old current never served, so nothing is left to go back to
     return True, apply_unit(layout, vid)
@@ -175,9 +175,9 @@ def switch_back(layout: Layout) -> tuple[str | None, str | None, list[Placed]]:
         raise InstallError("no switch to undo (no record of one in progress)", EXIT_NO_PREVIOUS)
     if not old or not is_complete(layout.venvs_dir / old):
         return None, failed, []  # a first install: nothing to go back to, and its venv stays to fix
-    _atomic_symlink(layout.current, f"venvs/{old}")
+    replace_symlink(layout.current, f"venvs/{old}")
     if prev and prev != failed and is_complete(layout.venvs_dir / prev) and last_served(layout, prev):
-        _atomic_symlink(layout.previous, f"venvs/{prev}")
+        replace_symlink(layout.previous, f"venvs/{prev}")
     elif layout.previous.is_symlink():
         layout.previous.unlink()
     placed = apply_unit(layout, old)

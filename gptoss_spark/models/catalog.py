@@ -8,10 +8,11 @@ load: the repositories also carry the original-format weights (`original/`) and 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from ..base.fsutil import read_json
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def default_dir(entry: Checkpoint, model_dir: Path, eagle3_dir: Path) -> Path:
 def identify(model_dir: Path) -> Checkpoint | None:
     """The catalog model whose shape the config.json in model_dir has; None if unreadable or unknown."""
     try:
-        cfg = json.loads((model_dir / "config.json").read_text())
+        cfg = read_json(model_dir / "config.json")
     except (OSError, ValueError):
         return None
     if not isinstance(cfg, dict):

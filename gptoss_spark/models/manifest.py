@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 from .hashing import sha256_file
 
 MANIFEST_NAME = ".gptoss-spark-manifest.json"
@@ -49,7 +49,7 @@ def read_manifest(directory: Path) -> Manifest | None:
     """The manifest in directory; None if there is none (a checkpoint placed by hand)."""
     path = directory / MANIFEST_NAME
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
         if data.get("format") != FORMAT:
             return None
         return Manifest(data["name"], data["repo"], data["revision"], data["endpoint"], data["pulled_at"],

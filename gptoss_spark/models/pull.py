@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..base.errors import UserError
 from ..base.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_SPACE
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 from .catalog import Checkpoint
 from .hashing import digests
 from .manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
@@ -143,7 +143,7 @@ class _Progress:
     def load(self) -> bool:
         """Read the record; False if it is for another commit (the staging is then stale)."""
         try:
-            data = json.loads(self.path.read_text())
+            data = read_json(self.path)
         except (OSError, ValueError):
             return True
         if data.get("commit") != self.commit:
@@ -180,7 +180,7 @@ def pull(entry: Checkpoint, dest: Path, *, revision: str = "main", endpoint: str
     existing = _check_destination(entry, dest, listing)
     if existing is not None:
         out(f"{entry.name}: {dest} already holds {entry.repo_id}@{listing.commit[:12]} "
-            f"({_gb(existing.total_bytes)}); `gptoss-spark model verify {dest}` re-checks it")
+            f"({size_text(existing.total_bytes)}); `gptoss-spark model verify {dest}` re-checks it")
         return PullResult(dest, existing, (), already=True)
 
     staging = staging_dir(dest)
@@ -193,15 +193,15 @@ def pull(entry: Checkpoint, dest: Path, *, revision: str = "main", endpoint: str
     need = sum(f.size for f in missing)
     free = free_bytes(staging)
     if free < need + SPACE_RESERVE:
-        raise SpaceError(f"{entry.name}: needs {_gb(need)} more at {dest.parent} (+ {_gb(SPACE_RESERVE)} kept "
-                         f"free), {_gb(free)} is free; free some space or pull to another --dir; nothing was fetched")
+        raise SpaceError(f"{entry.name}: needs {size_text(need)} more at {dest.parent} (+ {size_text(SPACE_RESERVE)} kept "
+                         f"free), {size_text(free)} is free; free some space or pull to another --dir; nothing was fetched")
     staging.mkdir(parents=True, exist_ok=True)
     done = len(listing.files) - len(missing)
     out(f"{entry.name}: {entry.repo_id}@{listing.commit[:12]}, {len(listing.files)} files, "
-        f"{_gb(listing.total_bytes)}" + (f"; {done} already verified, {_gb(need)} to fetch" if done else "")
+        f"{size_text(listing.total_bytes)}" + (f"; {done} already verified, {size_text(need)} to fetch" if done else "")
         + f" -> {dest}")
     for i, f in enumerate(missing, done + 1):
-        out(f"[{i}/{len(listing.files)}] {f.path} ({_gb(f.size)})")
+        out(f"[{i}/{len(listing.files)}] {f.path} ({size_text(f.size)})")
         _fetch(entry, f, listing.commit, staging, endpoint)
         progress.add(f.path, f.size, _verify_fetched(entry, f, staging), f.hub_hash)
     manifest = Manifest(entry.name, entry.repo_id, listing.commit, endpoint or _default_endpoint(),
@@ -295,5 +295,6 @@ def _chown_tree(root: Path, owner: str) -> None:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
 
-def _gb(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count as people read it: GB, MB or bytes."""
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} B"

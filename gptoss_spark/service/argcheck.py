@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..base.fsutil import read_json, write_atomic
+
 if TYPE_CHECKING:
     from .config import Settings
     from .profiles import Profile
@@ -281,7 +283,7 @@ def accepted_key(python: str, args: list[str], env: dict[str, str], memory_gib: 
 
 def _read_accepted(path: Path) -> list[str]:
     try:
-        keys = json.loads(path.read_text())
+        keys = read_json(path)
     except (OSError, ValueError):
         return []
     return [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
@@ -291,9 +293,7 @@ def _remember_accepted(path: Path, key: str) -> None:
     """Best effort: a cache that cannot be written only costs the next check its seconds."""
     keys = [k for k in _read_accepted(path) if k != key] + [key]
     try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(keys[-CACHE_ENTRIES:]))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(keys[-CACHE_ENTRIES:]).encode(), sync_dir=False)
     except OSError:
         pass
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from ..base.fsutil import write_atomic
+from ..base.fsutil import read_json, write_atomic
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class MemoryBudget:
             if path == self.own_file:
                 continue
             try:
-                data = json.loads(path.read_text())
+                data = read_json(path)
                 live = _start_time(int(data["pid"])) == data["start_time"]
                 claim = Claim(str(data["instance"]), str(data["profile"]), float(data["memory_gib"]))
             except (OSError, ValueError, KeyError, TypeError):
@@ -97,7 +97,7 @@ class MemoryBudget:
         """Remove this service's claim if it is this process's; True when one was removed. A file of the
         same name written by another live process (a misconfigured twin with the same state dir) stays."""
         try:
-            data = json.loads(self.own_file.read_text())
+            data = read_json(self.own_file)
         except (OSError, ValueError):
             data = None
         if isinstance(data, dict) and data.get("pid") not in (None, self.pid):

@@ -136,7 +136,7 @@ def flashinfer_env(settings: Settings, profile: Profile, environ: dict[str, str]
                                cores=fi_cache.cores(), profile_memory_gib=profile.memory_gib)
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
     """Live (non-zombie) processes whose session id is sid: the engine and every child it made."""
     return [pid for pid, _ in _session_states(sid)]
 
@@ -329,7 +329,7 @@ class EngineProcess:
     async def _kill_session(self, sid: int, deadline: float = 10.0) -> None:
         t_end = time.monotonic() + deadline
         while True:
-            members = _session_members(sid)
+            members = session_members(sid)
             if not members:
                 return
             self._signal_group(sid, signal.SIGKILL)

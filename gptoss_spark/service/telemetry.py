@@ -24,7 +24,7 @@ import httpx
 import structlog
 
 from .alerts import Alerter
-from .engine import _session_members
+from .engine import session_members
 from .gpu import GpuReading, NvmlReader, gpu_line
 from .hostmem import HostMemory, host_memory, own_cgroup
 from .memory import MemorySource
@@ -137,7 +137,7 @@ class TelemetrySampler:
     # ---- one sample (worker thread) -----------------------------------------------------------
 
     def read(self, ctx: SampleContext) -> tuple[GpuReading, HostMemory, dict[str, float] | None]:
-        pids = _session_members(ctx.engine_pid) if ctx.engine_pid else []
+        pids = session_members(ctx.engine_pid) if ctx.engine_pid else []
         gpu = self.reader.read(pids)
         try:
             guard = self.memory_source.read()

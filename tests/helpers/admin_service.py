@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from gptoss_spark.service.engine import _session_members
 from tests.helpers.demo_settings import demo_settings_toml
+from tests.helpers.serve_log import engine_pids, kill_serve
 
 TOKEN = "integration-" + "c" * 40
 DEMO_ARGS = ["--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
@@ -75,17 +74,7 @@ class Service:
                                      stderr=subprocess.STDOUT, cwd=self.tmp)
 
     def engine_pids(self) -> list[int]:
-        pids = []
-        if not self.log_path.exists():  # serve never started
-            return pids
-        for line in self.log_path.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == "engine spawned":
-                pids.append(e["pid"])
-        return pids
+        return engine_pids(self.log_path)
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-n:])
@@ -134,12 +123,7 @@ def running_service(model_dir: Path, profiles: dict[str, str],
         svc.wait_ready()
         yield svc
     finally:
-        if svc.proc is not None and svc.proc.poll() is None:
-            svc.proc.kill()
-            svc.proc.wait()
-        for pid in svc.engine_pids():  # only the engines this service started
-            if _session_members(pid):
-                os.killpg(pid, signal.SIGKILL)
+        kill_serve(svc.proc, svc.log_path)
         svc.admin.close()
         shutil.rmtree(tmp, ignore_errors=True)
 

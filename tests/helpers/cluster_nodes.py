@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from tests.helpers.demo_settings import demo_settings_toml
+from tests.helpers.serve_log import engine_pids, kill_serve, log_events
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "cluster-test-" + "d" * 40
@@ -131,21 +131,13 @@ class Node:
         return body  # type: ignore[return-value]
 
     def events(self, name: str) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == name:
-                out.append(e)
-        return out
+        return log_events(self.log_path, name)
 
     def engine_pids(self) -> list[int]:
-        return [e["pid"] for e in self.events("engine spawned")]
+        return engine_pids(self.log_path)
 
     def live_engine_processes(self) -> list[int]:
-        return [p for pid in self.engine_pids() for p in _session_members(pid)]
+        return [p for pid in self.engine_pids() for p in session_members(pid)]
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-n:])
@@ -161,12 +153,7 @@ class Node:
         raise AssertionError(f"{self.role} not ready within {timeout:g} s:\n{self.tail()}")
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in self.engine_pids():  # only the engines this node started
-            if _session_members(pid):
-                os.killpg(pid, signal.SIGKILL)
+        kill_serve(self.proc, self.log_path)
         if self.log:
             self.log.close()
             self.log = None

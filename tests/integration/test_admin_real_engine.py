@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from tests.helpers.admin_service import DEMO_ARGS, START_TIMEOUT, TOKEN, cmdline, profile_toml, running_service
 
 pytestmark = pytest.mark.integration
@@ -115,7 +115,7 @@ def test_switch_to_another_profile_with_concurrent_requests_refused(service):
     assert service.wait_ready()["profile"] == "demo-b"
     status = service.admin.get("/admin/status").json()
     new_pid = status["engine_pid"]
-    assert new_pid != old_pid and not _session_members(old_pid)
+    assert new_pid != old_pid and not session_members(old_pid)
     argv = cmdline(new_pid)
     assert argv[argv.index("--max-num-seqs") + 1] == "2"
     assert json.loads(service.state_file.read_text()) == {"active_profile": "demo-b", "last_good_profile": "demo-b"}
@@ -297,7 +297,7 @@ def test_sigterm_is_handled_by_the_supervisor_not_the_admin_server(service):
     service.proc.send_signal(signal.SIGTERM)
     rc = service.proc.wait(timeout=60)
     assert rc == 0, service.tail()
-    assert not _session_members(pid)
+    assert not session_members(pid)
     events = [json.loads(line) for line in service.log_path.read_text().splitlines() if line.startswith("{")]
     assert any(e.get("event") == "state" and e.get("state") == "stopped" for e in events)
     with pytest.raises(httpx.TransportError):

@@ -22,10 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from gptoss_spark.service.probes import parse_prometheus_sums
 from tests.helpers.demo_settings import demo_settings_toml
 from tests.helpers.notify_socket import NotifySocket
+from tests.helpers.serve_log import engine_pids, kill_serve, log_events
 
 pytestmark = pytest.mark.integration
 
@@ -85,16 +86,10 @@ class Service:
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.tmp)
 
     def log_events(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return log_events(self.log_path)
 
     def engine_pids(self) -> list[int]:
-        return [e["pid"] for e in self.log_events() if e.get("event") == "engine spawned"]
+        return engine_pids(self.log_path)
 
     def metrics(self) -> dict[str, float]:
         text = httpx.get(f"{self.base}/metrics", timeout=10).text
@@ -128,12 +123,7 @@ def service(demo_model_dir, tmp_path_factory):
 
 
 def _teardown(svc: Service) -> None:
-    if svc.proc.poll() is None:
-        svc.proc.kill()
-        svc.proc.wait()
-    for pid in svc.engine_pids():
-        if _session_members(pid):
-            os.killpg(pid, signal.SIGKILL)
+    kill_serve(svc.proc, svc.log_path)
     svc.notify.close()
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "serve-timeline.json").write_text(json.dumps(svc.timeline, indent=2))
@@ -182,7 +172,7 @@ def test_sighup_is_a_warm_restart(service):
     ready = service.notify.wait_for("READY", "1", after=reloading.at, timeout=600)
     service.timeline["warm_restart_s"] = round(ready.at - t0, 2)
     new = service.engine_pids()[-1]
-    assert new != old and not _session_members(old)
+    assert new != old and not session_members(old)
     assert Path(f"/proc/{new}").exists()
     r = httpx.post(f"{service.base}/v1/completions", timeout=120,
                    json={"model": "gptoss", "prompt": "Again", "max_tokens": 3, "ignore_eos": True})
@@ -224,7 +214,7 @@ def test_sigterm_with_request_in_flight_ends_cleanly_and_leaves_nothing(service)
     service.timeline["in_flight_outcome"] = dict(outcome)
     assert rc == 0, service.tail()
     assert took <= DRAIN + GRACE + 10
-    assert not _session_members(engine)
+    assert not session_members(engine)
     # Either the request finished, or it ended with a clean transport error; never a hang.
     assert outcome.get("done") or outcome.get("error"), outcome
     assert service.notify.with_field("STOPPING", "1")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gptoss_spark.service.config import Settings
-from gptoss_spark.service.engine import EngineProcess, _session_members
+from gptoss_spark.service.engine import EngineProcess, session_members
 from gptoss_spark.base.exit_codes import EXIT_GAVE_UP, EXIT_OK, EXIT_REQUIREMENT
 from gptoss_spark.service.supervisor import OpStatus, Supervisor
 from gptoss_spark.service.states import State
@@ -65,7 +65,7 @@ class Harness:
         rc = await asyncio.wait_for(self.task, 20)
         self.notify.close()
         for pid in self.pids:
-            assert not _session_members(pid), f"engine tree {pid} left processes behind"
+            assert not session_members(pid), f"engine tree {pid} left processes behind"
         return rc
 
 
@@ -149,7 +149,7 @@ def test_sigterm_ignored_escalates_to_sigkill_of_the_whole_tree(tmp_path):
         h.start()
         await h.until(lambda: h.sup.state == State.READY, what="ready")
         engine = h.sup.engine
-        assert len(_session_members(engine.pid)) == 2       # the engine and its child
+        assert len(session_members(engine.pid)) == 2       # the engine and its child
         t0 = asyncio.get_running_loop().time()
         assert await h.stop() == EXIT_OK                    # also asserts no session member remains
         took = asyncio.get_running_loop().time() - t0
@@ -187,7 +187,7 @@ def test_memory_guard_stops_a_running_engine_in_danger(tmp_path, reading, expect
         for k, v in reading.items():
             setattr(mem, k, v)
         await h.until(lambda: h.sup.state in (State.BACKOFF, State.STARTING), what="guard trip")
-        assert engine.returncode is not None and not _session_members(engine.pid)
+        assert engine.returncode is not None and not session_members(engine.pid)
         stop = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING][-1]
         assert stop == f"memory guard: {expect}"
         assert h.sup.guard.trips >= 1
@@ -281,7 +281,7 @@ def test_engine_exit_is_noticed_even_when_an_orphaned_child_holds_its_output_pip
         await h.until(lambda: h.sup.state == State.READY and h.sup.engine.pid != first, what="recovered")
         stop = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING][0]
         assert stop.startswith("engine exited with code 1"), stop
-        assert not _session_members(first)            # the orphan was swept with its session
+        assert not session_members(first)            # the orphan was swept with its session
         assert await h.stop() == EXIT_OK
     run(scenario())
 

@@ -28,8 +28,10 @@ import pytest
 
 from gptoss_spark.base.exit_codes import EXIT_GAVE_UP
 from gptoss_spark.service.budget import MemoryBudget
-from gptoss_spark.service.engine import _session_members
+from gptoss_spark.service.engine import session_members
 from gptoss_spark.service.instance import service_name
+from tests.helpers.demo_settings import demo_settings_toml
+from tests.helpers.serve_log import engine_pids, kill_serve, log_events
 
 pytestmark = pytest.mark.integration
 
@@ -65,37 +67,13 @@ class Instance:
         self.engine_port, self.admin_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.engine_port}"
         self.config = self.tmp / "gptoss-spark.toml"
-        self.config.write_text(f"""
-default_profile = "{profile}"
-[model]
-dir = "{model_dir}"
-served_name = "{name}"
-tiktoken_dir = "{model_dir}"
-[engine]
-port = {self.engine_port}
-cpu_affinity = [{cpu}]
-[admin]
-port = {self.admin_port}
-token_file = "{self.tmp}/admin.token"
-[paths]
-state_dir = "{self.tmp}/state"
-profile_dirs = ["{REPO}/etc/profiles-cpu", "{profiles}"]
-[timeouts]
-load = 600
-drain = 2
-shutdown_grace = 5
-probe_interval = 1
-[restart]
-backoff_initial = 0.2
-max_crashes = 1
-[wedge]
-canary_interval = 0
-[memory]
-start_floor_gib = {START_FLOOR_GIB}
-danger_available_gib = 0.2
-danger_psi_some_avg10 = 100
-claims_dir = "{claims}"
-""")
+        self.config.write_text(demo_settings_toml(
+            model_dir=model_dir, state_dir=self.tmp / "state", profile_dirs=[REPO / "etc" / "profiles-cpu", profiles],
+            token_file=self.tmp / "admin.token", engine_port=self.engine_port, admin_port=self.admin_port,
+            default_profile=profile, cpu=cpu, model={"served_name": name},
+            timeouts={"load": 600, "canary": None, "drain": 2, "shutdown_grace": 5, "probe_interval": 1},
+            restart={"backoff_initial": 0.2, "max_crashes": 1},
+            memory={"start_floor_gib": START_FLOOR_GIB, "claims_dir": claims}))
         self.log_path = self.tmp / "serve.log"
         # A short TMPDIR: vLLM's IPC socket paths under it must fit in 107 bytes.
         self.run_dir = tempfile.mkdtemp(prefix=f"g2m-{name}-", dir="/tmp")
@@ -105,16 +83,10 @@ claims_dir = "{claims}"
                                      env=env, stdout=self.log_path.open("w"), stderr=subprocess.STDOUT, cwd=self.tmp)
 
     def events(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return log_events(self.log_path)
 
     def engine_pids(self) -> list[int]:
-        return [e["pid"] for e in self.events() if e.get("event") == "engine spawned"]
+        return engine_pids(self.log_path)
 
     def wait_ready(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -136,12 +108,7 @@ claims_dir = "{claims}"
         return "\n".join(self.log_path.read_text().splitlines()[-30:])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in self.engine_pids():
-            if _session_members(pid):
-                os.killpg(pid, signal.SIGKILL)
+        kill_serve(self.proc, self.log_path)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
@@ -209,7 +176,7 @@ def test_killing_one_engine_leaves_the_other_serving(pair):
     engine = alpha.engine_pids()[-1]
     os.killpg(engine, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while _session_members(engine) and time.monotonic() < deadline:
+    while session_members(engine) and time.monotonic() < deadline:
         time.sleep(0.2)
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{alpha.base}/health", timeout=2).raise_for_status()
