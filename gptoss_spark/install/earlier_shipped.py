@@ -77,5 +77,6 @@ DIGESTS: dict[str, frozenset[str]] = {
     "profiles/throughput.toml": frozenset({
         "5f52d44b260ef0181de9964665c03fc78894b343d8af071492a56a38813f5f1c",
         "a76c8ee831f2b7ed7ad141040f041c49dd6f6e76d15fe31ee98195c4632ca51d",
+        "eeb0df3b3f5fceaabb34c33ec96bc6499807ad5245f7b821f5f997785d4dfd04",
     }),
 }
