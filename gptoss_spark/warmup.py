@@ -28,6 +28,7 @@ import hashlib
 import importlib.metadata
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def applied_patches(settings: Settings) -> str:
     names the patched files by their contents ("none": an unpatched vLLM, as in a dev venv)."""
     venv = Path(settings.engine.python).parent.parent if settings.engine.python else Path(sys.prefix)
     try:
-        return str(json.loads((venv / PATCH_MANIFEST).read_text())["patch_set"])
+        return str(read_json(venv / PATCH_MANIFEST)["patch_set"])
     except (OSError, ValueError, KeyError, TypeError):
         return "none"
 
