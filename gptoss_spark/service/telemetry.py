@@ -3,7 +3,7 @@
 Every gpu.sample_interval seconds one worker thread reads NVML (gpu.py), the host's memory
 figures (hostmem.py) and the engine's own /metrics, and hands back one immutable
 TelemetrySnapshot; the loop only stores it, feeds the throttle watch (throttle.py) and sends an
-alert when an episode starts. One sample is in flight at a time, so a slow NVML slows sampling,
+alert when an episode of a kind in gpu.alerts starts. One sample is in flight at a time, so a slow NVML slows sampling,
 never the supervisor (its health probes, watchdog pings and admin API stay on the loop).
 
 The last hour of tokens/s and running requests is kept in memory in a bounded ring for the status
@@ -181,10 +181,12 @@ class TelemetrySampler:
         self.latest = TelemetrySnapshot(now, gpu, memory, tuple(self._history), tuple(self.watch.active()),
                                         tuple(sorted(self._episodes_total.items())))
         for c in changes:
-            if c.started:
+            if c.started and c.alert:
                 log.warning("gpu throttle episode", kind=c.kind, gpu=c.device, reason=c.reason)
                 if self.alerter is not None:
                     self.alerter.notify(c.event, ctx.state, ctx.profile, c.reason, figures=c.figures)
+            elif c.started:  # a kind the owner left out of gpu.alerts: tracked and shown, not sent
+                log.info("gpu throttle episode", kind=c.kind, gpu=c.device, reason=c.reason, alert=False)
             else:
                 log.info("gpu throttle episode over", kind=c.kind, gpu=c.device, seconds=round(c.seconds, 1))
         return changes
