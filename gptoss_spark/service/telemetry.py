@@ -51,6 +51,7 @@ class TelemetrySnapshot:
     history: tuple[EnginePoint, ...]   # the last hour, oldest first
     episodes: tuple[tuple[str, int], ...]  # (kind, gpu) throttle episodes going on
     episodes_total: tuple[tuple[str, int], ...]  # (kind, count) episodes started since the supervisor started
+    alert_kinds: frozenset[str] = frozenset()  # gpu.alerts: the kinds whose episodes send an alert
 
     def to_json(self) -> dict[str, Any]:
         """/admin/status's `telemetry` (the history stays out: the status page renders it)."""
@@ -179,7 +180,7 @@ class TelemetrySampler:
             if c.started:
                 self._episodes_total[c.kind] = self._episodes_total.get(c.kind, 0) + 1
         self.latest = TelemetrySnapshot(now, gpu, memory, tuple(self._history), tuple(self.watch.active()),
-                                        tuple(sorted(self._episodes_total.items())))
+                                        tuple(sorted(self._episodes_total.items())), self.watch.alerts)
         for c in changes:
             if c.started and c.alert:
                 log.warning("gpu throttle episode", kind=c.kind, gpu=c.device, reason=c.reason)
