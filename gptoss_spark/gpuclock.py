@@ -14,7 +14,8 @@ a cap that cannot be applied (no NVML, not permitted, above the GPU's maximum) f
 one line (exit 3, RequirementError: the setting is valid, this host's GPU cannot take it): the owner
 asked for it to keep the box from overheating, so it must not run uncapped unnoticed.
 The lowest clock is NVML's: the lowest supported graphics clock, else the lowest P-state minimum,
-else FALLBACK_FLOOR_MHZ (whether the lock accepts 0 as its lower end is not documented). reset: only a cap this command applied (a marker under /run says so), so a clock lock
+else FALLBACK_FLOOR_MHZ (whether the lock accepts 0 as its lower end is not documented).
+reset: only a cap this command applied (a marker under /run says so), so a clock lock
 someone set by hand with nvidia-smi is left alone.
 """
 

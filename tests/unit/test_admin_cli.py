@@ -292,7 +292,8 @@ def rows_of(text: str) -> dict[str, str]:
 def test_status_shows_one_row_per_gpu_and_the_throttle_episodes_going_on():
     tel = telemetry_status([gpu(0, {"sw_thermal", "idle"}, temp=93.0), gpu(1, sm=900.0)])
     rows = rows_of(render_status({"state": "ready", "profile": "demo", "telemetry": tel}))
-    assert rows["gpu 0"] == "93 C, SM 2418 MHz of 3003, 96 W of 140 W, util 87%, throttle: sw_thermal"  # idle: not a slowdown
+    # `idle` is no slowdown: not shown.
+    assert rows["gpu 0"] == "93 C, SM 2418 MHz of 3003, 96 W of 140 W, util 87%, throttle: sw_thermal"
     assert rows["gpu 1"] == "71 C, SM 900 MHz of 3003, 96 W of 140 W, util 87%"
     # GPU 0 thermal for 30 s; GPU 1 at 30% of its maximum while a request runs: both episodes.
     assert rows["throttling"] == "low_clock (gpu 1), thermal (gpu 0)"

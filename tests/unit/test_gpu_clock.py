@@ -114,7 +114,8 @@ def test_without_a_supported_clocks_list_the_floor_is_the_lowest_pstate_minimum(
     monkeypatch.setattr(pynvml, "nvmlDeviceGetSupportedPerformanceStates",
                         lambda h: [pynvml.NVML_PSTATE_0, pynvml.NVML_PSTATE_2, pynvml.NVML_PSTATE_8])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMinMaxClockOfPState", minmax)
-    assert gpuclock.plan(pynvml, 2400) == [gpuclock.Cap(0, 208, 2400, "P-states"), gpuclock.Cap(1, 208, 2400, "P-states")]
+    assert gpuclock.plan(pynvml, 2400) == [gpuclock.Cap(0, 208, 2400, "P-states"),
+                                           gpuclock.Cap(1, 208, 2400, "P-states")]
     assert {t for t, _ in asked} == {pynvml.NVML_CLOCK_GRAPHICS}  # the clock the lock sets
     assert gpuclock.apply(2400, tmp_path / "m", pynvml).startswith("GPU 0: SM clock locked to 208-2400 MHz; ")
     assert locked == {"h0": (208, 2400), "h1": (208, 2400)}

@@ -92,7 +92,8 @@ def test_page_says_which_throttle_episodes_were_alerted(tmp_path):
                     frozenset({"sw_thermal", "sw_power_cap"}), None, None, None)
     for _ in range(3):
         now[0] += 1
-        sup.telemetry.record(SampleContext("ready", "demo", 42, None), GpuReading((dev,)), HostMemory(*[None] * 6), None)
+        sup.telemetry.record(SampleContext("ready", "demo", 42, None), GpuReading((dev,)),
+                             HostMemory(*[None] * 6), None)
     assert sup.telemetry.latest.episodes == (("power", 0), ("thermal", 0))
     page = render_page(sup.status(), "nonce")
     assert "<th>episode</th><td>power on GPU 0 (not alerted: not in gpu.alerts)</td>" in page
