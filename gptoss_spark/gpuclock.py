@@ -9,16 +9,20 @@ root through systemd's `+` prefix (full privileges for that one command, not for
     ExecStopPost=+.../gptoss-spark gpu-clock reset --config ...   after the service and its engine are gone
 
 apply: cap unset (0) -> nothing, unless an earlier cap of ours is still on (a crash, the setting
-removed since): that one is reset. Cap set -> every GPU's SM clock locked to [lowest supported, cap];
-a cap that cannot be applied (no NVML, not permitted, out of range) fails the start with one line
-(exit 3): the owner asked for it to keep the box from overheating, so it must not run uncapped
-unnoticed. reset: only a cap this command applied (a marker under /run says so), so a clock lock
+removed since): that one is reset. Cap set -> every GPU's SM clock locked to [lowest clock, cap];
+a cap that cannot be applied (no NVML, not permitted, above the GPU's maximum) fails the start with
+one line (exit 3, RequirementError: the setting is valid, this host's GPU cannot take it): the owner
+asked for it to keep the box from overheating, so it must not run uncapped unnoticed.
+The lowest clock is NVML's: the lowest supported graphics clock, else the lowest P-state minimum,
+else FALLBACK_FLOOR_MHZ (whether the lock accepts 0 as its lower end is not documented).
+reset: only a cap this command applied (a marker under /run says so), so a clock lock
 someone set by hand with nvidia-smi is left alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 from dataclasses import dataclass
@@ -35,11 +39,20 @@ from .base.defaults import CONFIG_HELP
 MARKER = Path("/run/gptoss-spark/gpu-clock.json")
 
 
+# The lock's lower end where NVML names no lowest clock (the GB10 may answer "Not Supported" for
+# its supported-clocks list). nvmlDeviceSetGpuLockedClocks documents no 0 = "as low as you can",
+# so a clock inside the device's range instead: GB10s have been reported running at 500 MHz (the
+# low-power state, docs/OPERATIONS.md), and it is above the lowest clock of recent NVIDIA GPUs (an
+# idle H200 read 345 MHz). The cost: an idle GPU stays at or above it, a few watts.
+FALLBACK_FLOOR_MHZ = 500
+
+
 @dataclass(frozen=True)
 class Cap:
     index: int
     min_mhz: int
     max_mhz: int
+    floor_from: str = "supported clocks"  # where min_mhz came from: supported clocks, P-states, fallback
 
 
 def _nvml() -> Any:
@@ -53,23 +66,51 @@ def _nvml() -> Any:
     return pynvml
 
 
+def lowest_clock(nvml: Any, handle: Any) -> tuple[int, str]:
+    """The GPU's lowest graphics clock in MHz as NVML names it, and where from."""
+    try:
+        lows = [c for m in nvml.nvmlDeviceGetSupportedMemoryClocks(handle)
+                for c in nvml.nvmlDeviceGetSupportedGraphicsClocks(handle, m) if c > 0]
+        if lows:
+            return min(lows), "supported clocks"
+    except nvml.NVMLError:
+        pass
+    try:
+        pstates = nvml.nvmlDeviceGetSupportedPerformanceStates(handle)
+    except nvml.NVMLError:
+        pstates = []
+    lows = []
+    for ps in pstates:
+        try:
+            # Fresh out-parameters: pynvml's defaults are shared objects.
+            lo, _ = nvml.nvmlDeviceGetMinMaxClockOfPState(handle, nvml.NVML_CLOCK_GRAPHICS, ps,
+                                                          ctypes.c_uint(), ctypes.c_uint())
+        except nvml.NVMLError:
+            continue
+        if lo > 0:
+            lows.append(lo)
+    if lows:
+        return min(lows), "P-states"
+    return FALLBACK_FLOOR_MHZ, "fallback"
+
+
 def plan(nvml: Any, cap_mhz: int) -> list[Cap]:
-    """The lock range for each GPU: from its lowest supported SM clock up to the cap."""
+    """The lock range for each GPU: from its lowest clock (lowest_clock) up to the cap."""
     caps = []
     for i in range(nvml.nvmlDeviceGetCount()):
         h = nvml.nvmlDeviceGetHandleByIndex(i)
         top = nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM)
         if cap_mhz > top:
-            raise UserError(f"gpu.max_clock_mhz = {cap_mhz} is above GPU {i}'s maximum SM clock {top} MHz; "
-                            f"set it to {top} or less (or 0 for no cap)")
-        try:
-            mem = nvml.nvmlDeviceGetSupportedMemoryClocks(h)
-            lows = [min(nvml.nvmlDeviceGetSupportedGraphicsClocks(h, m)) for m in mem]
-            low = min(lows)
-        except nvml.NVMLError:
-            low = 0  # no list of supported clocks: the driver takes the lowest it can do
-        caps.append(Cap(i, min(low, cap_mhz), cap_mhz))
+            raise RequirementError(f"gpu.max_clock_mhz = {cap_mhz} is above GPU {i}'s maximum SM clock {top} MHz; "
+                                   f"set it to {top} or less (or 0 for no cap)")
+        low, source = lowest_clock(nvml, h)
+        caps.append(Cap(i, min(low, cap_mhz), cap_mhz, source))
     return caps
+
+
+def _locked(c: Cap) -> str:
+    note = f" (NVML names no lowest clock: floor {FALLBACK_FLOOR_MHZ} MHz)" if c.floor_from == "fallback" else ""
+    return f"GPU {c.index}: SM clock locked to {c.min_mhz}-{c.max_mhz} MHz{note}"
 
 
 def apply(cap_mhz: int, marker: Path = MARKER, nvml: Any = None) -> str:
@@ -92,7 +133,7 @@ def apply(cap_mhz: int, marker: Path = MARKER, nvml: Any = None) -> str:
                                "fix that or set gpu.max_clock_mhz = 0") from None
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"gpus": [c.index for c in caps], "max_mhz": cap_mhz}) + "\n")
-    return "; ".join(f"GPU {c.index}: SM clock locked to {c.min_mhz}-{c.max_mhz} MHz" for c in caps)
+    return "; ".join(_locked(c) for c in caps)
 
 
 def _reset_one(nvml: Any, index: int) -> str | None:

@@ -4,23 +4,34 @@ What the supervisor would publish on this host: every figure per GPU (None = NVM
 it here), read a few times while an optional CUDA load runs, so clocks, power and utilization
 move; and, with --cap, the clock cap of gptoss_spark/gpuclock.py applied, read back and reset
 (needs root). Needs only nvidia-ml-py (pure Python) and the driver; --load needs torch with CUDA.
+The engine-memory lookup is given --pid (default: this process, which runs the load), as the
+supervisor gives it the engine's process tree; the output records nvidia-ml-py's version.
 
-    python benchmarks/gpu_telemetry/read_nvml.py --out results.json [--load 10] [--cap 1500]
+    python benchmarks/gpu_telemetry/read_nvml.py --out results.json [--load 10] [--cap 1500] [--pid PID]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import threading
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gptoss_spark.service.gpu import NvmlReader, gpu_line  # noqa: E402
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def busy(seconds: float, stop: threading.Event) -> str | None:
@@ -45,10 +56,14 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.0, help="seconds of bf16 matmul load while sampling")
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--cap", type=int, default=0, help="also apply, read and reset an SM clock cap (MHz; root)")
+    ap.add_argument("--pid", type=int, action="append",
+                    help="a pid whose device memory to count as the engine's (repeatable; default: this process)")
     args = ap.parse_args()
+    pids = args.pid or [os.getpid()]
 
     reader = NvmlReader()
-    result: dict = {"host": platform.node(), "machine": platform.machine(), "samples": []}
+    result: dict = {"host": platform.node(), "machine": platform.machine(),
+                    "nvidia_ml_py": _version("nvidia-ml-py"), "engine_pids": pids, "samples": []}
     stop = threading.Event()
     load_note: list[str | None] = []
     worker = None
@@ -59,7 +74,7 @@ def main() -> int:
     t0 = time.monotonic()
     for _ in range(args.samples):
         start = time.perf_counter()
-        r = reader.read()
+        r = reader.read(pids)
         result["samples"].append({"t": round(time.monotonic() - t0, 2),
                                   "read_ms": round((time.perf_counter() - start) * 1000, 2),
                                   "line": gpu_line(r), **r.to_json()})
@@ -76,13 +91,13 @@ def main() -> int:
         try:
             cap["apply"] = gpuclock.apply(args.cap, marker)
             time.sleep(1.0)
-            cap["while_capped"] = reader.read().to_json()
+            cap["while_capped"] = reader.read(pids).to_json()
         except Exception as e:  # noqa: BLE001 (reported, and the reset still runs)
             cap["error"] = f"{type(e).__name__}: {e}"
         finally:
             if marker.exists():
                 cap["reset"] = gpuclock.reset(marker)
-        cap["after_reset"] = reader.read().to_json()
+        cap["after_reset"] = reader.read(pids).to_json()
         result["cap"] = cap
     reader.close()
     text = json.dumps(result, indent=2)

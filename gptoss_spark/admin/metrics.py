@@ -148,7 +148,8 @@ def telemetry_metrics(t: TelemetrySnapshot) -> Iterator[Metric]:
             for kind in KINDS:
                 active.add_metric([str(d.index), kind], 1.0 if (kind, d.index) in going else 0.0)
         yield active
-    episodes = CounterMetricFamily(f"{PREFIX}_gpu_throttle_episodes", "Throttle episodes started (each alerted once)",
+    episodes = CounterMetricFamily(f"{PREFIX}_gpu_throttle_episodes",
+                                   "Throttle episodes started (each alerted once where its kind is in gpu.alerts)",
                                    labels=["kind"])
     counts = dict(t.episodes_total)
     for kind in KINDS:

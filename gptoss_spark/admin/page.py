@@ -100,7 +100,8 @@ def _gpu_rows(tel: TelemetrySnapshot | None) -> list[tuple[str, str]]:
         slow = sorted((d.throttle or frozenset()) - {"idle"})
         rows.append((f"{p} throttle", ", ".join(slow) or "none"))
     for kind, i in tel.episodes:
-        rows.append(("episode", f"{kind} on GPU {i} (alerted)"))
+        sent = "alerted" if kind in tel.alert_kinds else "not alerted: not in gpu.alerts"
+        rows.append(("episode", f"{kind} on GPU {i} ({sent})"))
     return rows
 
 

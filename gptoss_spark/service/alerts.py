@@ -2,7 +2,8 @@
 
 Events: `gave_up` (the supervisor stopped retrying: state failed), `memory_guard` (the
 engine was stopped before the host froze), `wedged` (a wedged engine was restarted), and
-once per throttle episode (throttle.py) `gpu_thermal`, `gpu_power`, `gpu_clock_low`.
+once per throttle episode (throttle.py) `gpu_thermal`, `gpu_power`, `gpu_hw_slowdown`,
+`gpu_clock_low` (the kinds in gpu.alerts).
 The document: {"event", "state", "profile", "reason", "host", "time"}, and for the GPU events
 "figures" (temperature, clocks, power, throttle reasons); it is POSTed to alerts.webhook_url
 and/or given on stdin to alerts.command.
@@ -26,7 +27,7 @@ from .config import AlertSettings
 
 log = structlog.get_logger("gptoss_spark.service.alerts")
 
-EVENTS = ("gave_up", "memory_guard", "wedged", "gpu_thermal", "gpu_power", "gpu_clock_low")
+EVENTS = ("gave_up", "memory_guard", "wedged", "gpu_thermal", "gpu_power", "gpu_hw_slowdown", "gpu_clock_low")
 
 
 class Alerter:

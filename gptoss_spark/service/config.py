@@ -118,16 +118,27 @@ class AlertSettings(_Section):
     timeout: float = Field(10.0, gt=0, le=300)
 
 
+# throttle.KINDS, spelled here so the settings do not import NVML (tests/unit/test_config.py keeps them equal).
+GpuAlertKind = Literal["thermal", "power", "hw_slowdown", "low_clock"]
+
+
 class GpuSettings(_Section):
     """GPU and memory telemetry (service/telemetry.py), throttle alerts, and the optional clock cap."""
 
     # Seconds between telemetry samples (NVML, memory figures, the engine's /metrics for the page).
     sample_interval: float = Field(5.0, ge=1, le=300)
-    # A throttle (thermal or power) or a low clock must last this long to be an episode worth an alert.
+    # A throttle (thermal, power, hardware slowdown) or a low clock must last this long to be an episode.
     alert_after_seconds: float = Field(60.0, gt=0)
-    # "Well below its norm": the SM clock under this fraction of its norm (the cap when set, else the
-    # device's maximum) while requests run.
+    # "Well below its norm": the SM clock at or under this fraction of its norm (the cap when set,
+    # else the device's maximum) while requests run.
     low_clock_fraction: float = Field(0.5, gt=0, lt=1)
+    # The power cap counts as an episode only while it holds the SM clock at or under this fraction
+    # of its norm: a GPU under load at its power limit is normal (an H200 under a matmul: 641 of
+    # 700 W, 87% of its maximum clock). 1 = any power capping counts.
+    power_clock_fraction: float = Field(0.8, gt=0, le=1)
+    # The episode kinds that send an alert (docs/OPERATIONS.md, "GPU throttling"); the others are
+    # still tracked and shown in status and /metrics. [] = no GPU alerts.
+    alerts: list[GpuAlertKind] = ["thermal", "power", "hw_slowdown", "low_clock"]
     # Cap the SM clock (MHz) while the service runs, as owners do with `nvidia-smi -lgc` against
     # thermal shutdowns; applied before the engine starts, reset after it stops (docs/OPERATIONS.md,
     # "GPU clock cap"). 0 = off.

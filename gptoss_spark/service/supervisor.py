@@ -135,7 +135,8 @@ class Supervisor:
         gpu = settings.gpu
         self.telemetry = TelemetrySampler(
             gpu.sample_interval, self.guard.source,
-            ThrottleWatch(gpu.alert_after_seconds, gpu.low_clock_fraction, gpu.max_clock_mhz, clock),
+            ThrottleWatch(gpu.alert_after_seconds, gpu.low_clock_fraction, gpu.max_clock_mhz, clock,
+                          power_clock_fraction=gpu.power_clock_fraction, alerts=gpu.alerts),
             self.alerts, probe_timeout=settings.timeouts.probe_timeout)
 
     # ---- views for the admin API and CLI --------------------------------------------------

@@ -3,7 +3,7 @@
 Every gpu.sample_interval seconds one worker thread reads NVML (gpu.py), the host's memory
 figures (hostmem.py) and the engine's own /metrics, and hands back one immutable
 TelemetrySnapshot; the loop only stores it, feeds the throttle watch (throttle.py) and sends an
-alert when an episode starts. One sample is in flight at a time, so a slow NVML slows sampling,
+alert when an episode of a kind in gpu.alerts starts. One sample is in flight at a time, so a slow NVML slows sampling,
 never the supervisor (its health probes, watchdog pings and admin API stay on the loop).
 
 The last hour of tokens/s and running requests is kept in memory in a bounded ring for the status
@@ -51,6 +51,7 @@ class TelemetrySnapshot:
     history: tuple[EnginePoint, ...]   # the last hour, oldest first
     episodes: tuple[tuple[str, int], ...]  # (kind, gpu) throttle episodes going on
     episodes_total: tuple[tuple[str, int], ...]  # (kind, count) episodes started since the supervisor started
+    alert_kinds: frozenset[str] = frozenset()  # gpu.alerts: the kinds whose episodes send an alert
 
     def to_json(self) -> dict[str, Any]:
         """/admin/status's `telemetry` (the history stays out: the status page renders it)."""
@@ -179,12 +180,14 @@ class TelemetrySampler:
             if c.started:
                 self._episodes_total[c.kind] = self._episodes_total.get(c.kind, 0) + 1
         self.latest = TelemetrySnapshot(now, gpu, memory, tuple(self._history), tuple(self.watch.active()),
-                                        tuple(sorted(self._episodes_total.items())))
+                                        tuple(sorted(self._episodes_total.items())), self.watch.alerts)
         for c in changes:
-            if c.started:
+            if c.started and c.alert:
                 log.warning("gpu throttle episode", kind=c.kind, gpu=c.device, reason=c.reason)
                 if self.alerter is not None:
                     self.alerter.notify(c.event, ctx.state, ctx.profile, c.reason, figures=c.figures)
+            elif c.started:  # a kind the owner left out of gpu.alerts: tracked and shown, not sent
+                log.info("gpu throttle episode", kind=c.kind, gpu=c.device, reason=c.reason, alert=False)
             else:
                 log.info("gpu throttle episode over", kind=c.kind, gpu=c.device, seconds=round(c.seconds, 1))
         return changes

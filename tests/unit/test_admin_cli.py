@@ -267,3 +267,58 @@ def test_restart_with_the_admin_api_down_falls_back_to_sighup(config, capsys, tm
     assert "not answering at http://127.0.0.1:" in err and f"sent SIGHUP to {child.pid} instead" in err
     # Without the option the same call is the one-line error it always was.
     assert cli.main(["restart", "--config", str(config)]) == 69
+
+
+def telemetry_status(devices, unavailable=None, alert_after=10.0):
+    """/admin/status's `telemetry` as the supervisor publishes it: a sampler's snapshot through JSON,
+    after 30 s of the same reading (so a sustained throttle is an episode)."""
+    from gptoss_spark.service.gpu import GpuReading
+    from gptoss_spark.service.hostmem import HostMemory
+    from gptoss_spark.service.probes import GENERATED, RUNNING
+    from gptoss_spark.service.telemetry import SampleContext, TelemetrySampler
+    from gptoss_spark.service.throttle import ThrottleWatch
+
+    t = [1000.0]
+    sampler = TelemetrySampler(5.0, memory_source=None, watch=ThrottleWatch(alert_after, 0.5, clock=lambda: t[0]),
+                               wall=lambda: t[0])
+    reading = GpuReading(tuple(devices), unavailable=unavailable, driver_version="580.95.05")
+    for i in range(7):
+        t[0] += 5
+        sampler.record(SampleContext("ready", "demo", 42, "x"), reading,
+                       HostMemory(5 << 30, 8 << 30, 0.5, 3 << 30, "/x", 2 << 30), {RUNNING: 1.0, GENERATED: 100.0 * i})
+    return json.loads(json.dumps(sampler.latest.to_json()))
+
+
+def gpu(index, throttle=(), sm=2418.0, temp=71.0):
+    from gptoss_spark.service.gpu import GpuDevice
+
+    return GpuDevice(index=index, name="NVIDIA GB10", temperature_c=temp, sm_clock_mhz=sm, memory_clock_mhz=4266.0,
+                     max_sm_clock_mhz=3003.0, power_watts=95.5, power_limit_watts=140.0, utilization_percent=87.0,
+                     throttle=frozenset(throttle), memory_used_bytes=None, memory_total_bytes=None,
+                     engine_memory_bytes=None)
+
+
+def rows_of(text: str) -> dict[str, str]:
+    return {line[:11].strip(): line[11:] for line in text.splitlines() if not line.startswith(" ")}
+
+
+def test_status_shows_one_row_per_gpu_and_the_throttle_episodes_going_on():
+    tel = telemetry_status([gpu(0, {"sw_thermal", "idle"}, temp=93.0), gpu(1, sm=900.0)])
+    rows = rows_of(render_status({"state": "ready", "profile": "demo", "telemetry": tel}))
+    # `idle` is no slowdown: not shown.
+    assert rows["gpu 0"] == "93 C, SM 2418 MHz of 3003, 96 W of 140 W, util 87%, throttle: sw_thermal"
+    assert rows["gpu 1"] == "71 C, SM 900 MHz of 3003, 96 W of 140 W, util 87%"
+    # GPU 0 thermal for 30 s; GPU 1 at 30% of its maximum while a request runs: both episodes.
+    assert rows["throttling"] == "low_clock (gpu 1), thermal (gpu 0)"
+    assert rows["engine mem"] == "unit cgroup 3.0 GiB, engine RSS 2.0 GiB, 20.0 tokens/s"
+    assert "gpu" not in rows  # the devices speak for themselves
+
+
+def test_status_without_nvml_or_a_sample_says_why_and_shows_no_throttling_row():
+    rows = rows_of(render_status({"state": "ready", "telemetry": telemetry_status(
+        [], unavailable="no NVML: NVML Shared Library Not Found")}))
+    assert rows["gpu"] == "no NVML: NVML Shared Library Not Found"
+    assert "throttling" not in rows and not any(k.startswith("gpu ") for k in rows)
+    assert rows_of(render_status({"state": "stopped", "telemetry": None}))["gpu"] == "no sample yet"
+    quiet = rows_of(render_status({"state": "ready", "telemetry": telemetry_status([gpu(0)])}))
+    assert "throttling" not in quiet and quiet["gpu 0"].startswith("71 C, ")

@@ -97,6 +97,11 @@ def test_unknown_section(tmp_path):
     ('[alerts]\nwebhook_url = "hooks.example/x"\n', "alerts.webhook_url", "pattern"),
     ('[alerts]\ncommand = "page-me"\n', "alerts.command", "valid list"),
     ("[alerts]\ntimeout = 0\n", "alerts.timeout", "greater than 0"),
+    ('[gpu]\nalerts = ["thermal", "clock_low"]\n', "gpu.alerts.1",
+     "Input should be 'thermal', 'power', 'hw_slowdown' or 'low_clock' (got 'clock_low')"),
+    ('[gpu]\nalerts = "thermal"\n', "gpu.alerts", "valid list"),
+    ("[gpu]\npower_clock_fraction = 1.5\n", "gpu.power_clock_fraction", "less than or equal to 1"),
+    ("[gpu]\npower_clock_fraction = 0\n", "gpu.power_clock_fraction", "greater than 0"),
 ])
 def test_wrong_types_and_values(tmp_path, text, key, fragment):
     cfg = write(tmp_path / "gs.toml", text)
@@ -218,3 +223,13 @@ def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path, monkeypatch):
     profiles["plain"].check_requirements(s)
     with pytest.raises(RequirementError, match="Eagle3|e/config.json"):
         profiles["spec"].check_requirements(s)
+
+
+def test_gpu_alerts_default_to_every_throttle_kind_and_may_be_narrowed(tmp_path):
+    from gptoss_spark.service.throttle import KINDS
+
+    assert tuple(load_settings(tmp_path / "none.toml", must_exist=False).gpu.alerts) == KINDS
+    cfg = write(tmp_path / "gs.toml", '[gpu]\nalerts = ["thermal", "hw_slowdown"]\npower_clock_fraction = 1\n')
+    gpu = load_settings(cfg).gpu
+    assert gpu.alerts == ["thermal", "hw_slowdown"] and gpu.power_clock_fraction == 1.0
+    assert load_settings(write(tmp_path / "none.toml", "[gpu]\nalerts = []\n")).gpu.alerts == []

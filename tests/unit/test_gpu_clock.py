@@ -18,7 +18,7 @@ import pytest
 
 from gptoss_spark import gpuclock
 from gptoss_spark.cli import build_parser
-from gptoss_spark.base.errors import RequirementError, UserError
+from gptoss_spark.base.errors import RequirementError
 from gptoss_spark.base.exit_codes import EXIT_OK, EXIT_REQUIREMENT
 from tests.unit.test_unit_file import EXEC, directives
 
@@ -72,11 +72,70 @@ def test_no_cap_touches_nothing_but_a_leftover_cap_of_ours_is_reset(two_gpus, tm
     assert locked == {"h0": None, "h1": None}
 
 
-def test_a_cap_above_the_maximum_is_refused_before_anything_is_locked(two_gpus, tmp_path):
+def test_a_cap_above_the_maximum_is_refused_with_exit_3_before_anything_is_locked(two_gpus, tmp_path):
+    """A valid setting this host's GPU cannot take: a requirement (exit 3, docs/EXIT_CODES.md), as
+    docs/OPERATIONS.md "GPU clock cap" says, not a bad settings file (exit 2)."""
     locked, _ = two_gpus
-    with pytest.raises(UserError, match="gpu.max_clock_mhz = 5000 is above GPU 0's maximum SM clock 3003 MHz"):
+    with pytest.raises(RequirementError, match="gpu.max_clock_mhz = 5000 is above GPU 0's maximum SM clock 3003 MHz"
+                       ) as e:
         gpuclock.apply(5000, tmp_path / "m", pynvml)
+    assert e.value.exit_code == EXIT_REQUIREMENT
     assert locked == {"h0": None, "h1": None}
+
+
+def test_the_pstate_call_has_the_signature_the_floor_uses():
+    """Real pynvml, before any replacement: a renamed or reshaped call fails here, not on a GB10."""
+    import ctypes
+    import inspect
+
+    inspect.signature(pynvml.nvmlDeviceGetMinMaxClockOfPState).bind(
+        "h", pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_PSTATE_0, ctypes.c_uint(), ctypes.c_uint())
+    inspect.signature(pynvml.nvmlDeviceGetSupportedPerformanceStates).bind("h")
+
+
+def no_supported_clocks(monkeypatch):
+    def not_supported(*_a):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSupportedMemoryClocks", not_supported)
+    return not_supported
+
+
+def test_without_a_supported_clocks_list_the_floor_is_the_lowest_pstate_minimum(two_gpus, tmp_path, monkeypatch):
+    locked, _ = two_gpus
+    not_supported = no_supported_clocks(monkeypatch)
+    asked = []
+
+    def minmax(h, clock_type, pstate, lo_ref, hi_ref):
+        asked.append((clock_type, pstate))
+        if pstate == pynvml.NVML_PSTATE_2:
+            not_supported()
+        return {pynvml.NVML_PSTATE_0: (1200, 3003), pynvml.NVML_PSTATE_8: (208, 900)}[pstate]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSupportedPerformanceStates",
+                        lambda h: [pynvml.NVML_PSTATE_0, pynvml.NVML_PSTATE_2, pynvml.NVML_PSTATE_8])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMinMaxClockOfPState", minmax)
+    assert gpuclock.plan(pynvml, 2400) == [gpuclock.Cap(0, 208, 2400, "P-states"),
+                                           gpuclock.Cap(1, 208, 2400, "P-states")]
+    assert {t for t, _ in asked} == {pynvml.NVML_CLOCK_GRAPHICS}  # the clock the lock sets
+    assert gpuclock.apply(2400, tmp_path / "m", pynvml).startswith("GPU 0: SM clock locked to 208-2400 MHz; ")
+    assert locked == {"h0": (208, 2400), "h1": (208, 2400)}
+
+
+@pytest.mark.parametrize("cap,low", [(2400, gpuclock.FALLBACK_FLOOR_MHZ), (400, 400)])
+def test_with_no_minimum_from_nvml_the_floor_is_the_documented_one_never_0(two_gpus, tmp_path, monkeypatch, cap, low):
+    locked, _ = two_gpus
+    not_supported = no_supported_clocks(monkeypatch)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSupportedPerformanceStates", not_supported)
+    msg = gpuclock.apply(cap, tmp_path / "m", pynvml)
+    assert locked == {"h0": (low, cap), "h1": (low, cap)}
+    assert msg.startswith(f"GPU 0: SM clock locked to {low}-{cap} MHz (NVML names no lowest clock: floor 500 MHz); ")
+
+
+def test_an_empty_supported_clocks_list_falls_through_to_the_pstates(two_gpus, monkeypatch):
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSupportedMemoryClocks", lambda h: [])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSupportedPerformanceStates", lambda h: [pynvml.NVML_PSTATE_0])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMinMaxClockOfPState", lambda h, t, p, a, b: (0, 3003))  # 0: no answer
+    assert [c.min_mhz for c in gpuclock.plan(pynvml, 2000)] == [gpuclock.FALLBACK_FLOOR_MHZ] * 2
 
 
 def test_a_cap_that_cannot_be_applied_everywhere_is_undone_and_fails_the_start(two_gpus, tmp_path):

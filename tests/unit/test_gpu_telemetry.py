@@ -264,3 +264,119 @@ def test_grafana_dashboard_queries_only_metric_names_that_exist(gb10, tmp_path):
     vllm = {n for e in exprs for n in re.findall(r"vllm:[a-z0-9_]+", e)}
     assert len(ours) >= 15 and ours <= rendered, ours - rendered
     assert vllm == {GENERATED, RUNNING, WAITING}
+
+
+# ---- the journal at state changes ----------------------------------------------------------------
+
+def test_every_state_change_journals_the_latest_figures_once_there_are_some(gb10, tmp_path):
+    """Through the supervisor's own transition hook: no line before the first sample, then one
+    `telemetry` line per state change carrying the snapshot's one-line summary."""
+    from structlog.testing import capture_logs
+
+    from gptoss_spark.service.states import State
+    from gptoss_spark.service.supervisor import Supervisor
+    from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+    sup = Supervisor(make_settings(tmp_path, {"demo": ""}), memory_source=FakeMemory(available_gib=50.0))
+    with capture_logs() as before:
+        sup.sm.to(State.STARTING, "test", "demo")
+    assert [e for e in before if e["event"] == "telemetry"] == []  # nothing sampled yet: nothing to say
+    sup.telemetry.record(SampleContext("starting", "demo", 42, None), NvmlReader().read([42]),
+                         HostMemory(5 << 30, 8 << 30, 0.5, 3 << 30, "/x", 2 << 30), None)
+    with capture_logs() as lines:
+        sup.sm.to(State.LOADING, "spawned", "demo")
+        sup.sm.to(State.READY, "healthy", "demo")
+    journal = [e for e in lines if e["event"] == "telemetry"]
+    assert [e["state"] for e in journal] == ["loading", "ready"]
+    assert journal[0]["figures"] == sup.telemetry.latest.summary()
+    assert journal[0]["figures"].startswith(
+        "gpu0: 71 C, SM 2418 MHz, 96/140 W, util 87%, throttle sw_power_cap,sw_thermal | memory: 5.0 GiB available")
+
+
+# ---- a hung NVML -----------------------------------------------------------------------------------
+
+def test_a_hung_nvml_read_blocks_neither_the_loop_nor_starts_a_second_sample():
+    """A reader stuck in NVML (as a sick GPU's driver can be): the loop's other tasks keep running,
+    the sampler waits for that one read instead of piling up threads, and samples resume once it
+    returns. Progress is counted in loop turns and reads, not timed."""
+    import asyncio
+    import threading
+
+    from tests.helpers.supervisor_settings import FakeMemory
+
+    entered, release = threading.Event(), threading.Event()
+    reads = []
+
+    class HungReader:
+        def read(self, engine_pids=()):
+            reads.append(threading.current_thread().name)
+            entered.set()
+            release.wait(30)  # a bound only so that a read made on the loop's thread fails, not hangs
+            return GpuReading(unavailable="no NVML: test")
+
+    wall = Clock()
+    sampler = TelemetrySampler(0.01, memory_source=FakeMemory(), watch=ThrottleWatch(60, 0.5, clock=wall),
+                               reader=HungReader())
+    context = lambda: SampleContext("ready", "demo", None, None)  # noqa: E731
+
+    async def main():
+        task = asyncio.create_task(sampler.run(context))
+        while not entered.is_set():
+            await asyncio.sleep(0.001)
+        beats = 0
+
+        async def heartbeat():  # another of the supervisor's tasks: probes, watchdog pings, the admin API
+            nonlocal beats
+            for _ in range(100):
+                await asyncio.sleep(0.01)  # 100 sampling intervals while the read hangs
+                beats += 1
+
+        await heartbeat()
+        stuck = (beats, list(reads), sampler.latest)
+        release.set()
+        while len(reads) < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return stuck
+
+    beats, reads_while_stuck, latest_while_stuck = asyncio.run(asyncio.wait_for(main(), 60))
+    assert beats == 100
+    assert reads_while_stuck == ["telemetry-sample"]  # one read in flight, off the loop's thread
+    assert latest_while_stuck is None
+    assert sampler.latest is not None and sampler.latest.gpu.unavailable == "no NVML: test"
+
+
+def test_cancelling_the_sampler_during_a_hung_read_returns_at_once():
+    """The supervisor's exit: a read that never returns must not hold it (the thread is a daemon)."""
+    import asyncio
+    import threading
+
+    from tests.helpers.supervisor_settings import FakeMemory
+
+    entered, never = threading.Event(), threading.Event()
+
+    class HungReader:
+        def read(self, engine_pids=()):
+            entered.set()
+            never.wait(30)
+
+    sampler = TelemetrySampler(1.0, memory_source=FakeMemory(), watch=ThrottleWatch(60, 0.5), reader=HungReader())
+
+    async def main():
+        task = asyncio.create_task(sampler.run(lambda: SampleContext("stopping", None, None, None)))
+        while not entered.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 60)) == "cancelled"
+    finally:
+        never.set()

@@ -73,3 +73,28 @@ def test_page_on_a_host_without_nvml_says_so(env):  # noqa: F811
     page = get_page(sup, settings).text
     assert "<td>no NVML: library</td>" in page
     assert "generated tokens/s: no samples yet" in page
+
+
+
+def test_page_says_which_throttle_episodes_were_alerted(tmp_path):
+    """gpu.alerts from the settings to the supervisor's watch to the page: a kind left out is shown
+    as an episode, and as not alerted."""
+    from gptoss_spark.admin.page import render_page
+    from gptoss_spark.service.supervisor import Supervisor
+    from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+    sup = Supervisor(make_settings(tmp_path, {"demo": ""}, gpu={"alerts": ["thermal"], "alert_after_seconds": 1}),
+                     memory_source=FakeMemory())
+    assert sup.telemetry.watch.alerts == {"thermal"}
+    now = [0.0]
+    sup.telemetry.watch.clock = lambda: now[0]
+    dev = GpuDevice(0, "NVIDIA GB10", 91.0, 1000.0, None, 3000.0, 139.0, 140.0, 99.0,
+                    frozenset({"sw_thermal", "sw_power_cap"}), None, None, None)
+    for _ in range(3):
+        now[0] += 1
+        sup.telemetry.record(SampleContext("ready", "demo", 42, None), GpuReading((dev,)),
+                             HostMemory(*[None] * 6), None)
+    assert sup.telemetry.latest.episodes == (("power", 0), ("thermal", 0))
+    page = render_page(sup.status(), "nonce")
+    assert "<th>episode</th><td>power on GPU 0 (not alerted: not in gpu.alerts)</td>" in page
+    assert "<th>episode</th><td>thermal on GPU 0 (alerted)</td>" in page

@@ -8,13 +8,15 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from gptoss_spark.service.alerts import Alerter
 from gptoss_spark.service.config import AlertSettings
 from gptoss_spark.service.gpu import GpuDevice, GpuReading
 from gptoss_spark.service.hostmem import HostMemory
 from gptoss_spark.service.probes import GENERATED, RUNNING
 from gptoss_spark.service.telemetry import SampleContext, TelemetrySampler
-from gptoss_spark.service.throttle import ThrottleWatch
+from gptoss_spark.service.throttle import KINDS, ThrottleWatch
 
 
 class Clock:
@@ -87,8 +89,8 @@ def test_power_and_thermal_are_separate_episodes_per_device():
     out = []
     for _ in range(10):
         clock.t += 10
-        out += w.observe(reading(dev({"sw_power_cap"}, index=0), dev({"hw_thermal", "hw_power_brake"}, index=1)),
-                         generating=False)
+        out += w.observe(reading(dev({"sw_power_cap"}, sm=1200.0, index=0),
+                                 dev({"hw_thermal", "hw_power_brake"}, index=1)), generating=False)
     assert sorted((c.kind, c.device) for c in out) == [("power", 0), ("power", 1), ("thermal", 1)]
 
 
@@ -140,3 +142,86 @@ def test_an_episode_raises_the_configured_alert_command_once_with_figures(tmp_pa
     assert d["figures"]["temperature_c"] == 91 and d["figures"]["throttle"] == ["sw_thermal"]
     assert dict(sampler.latest.episodes_total) == {"thermal": 1}
     assert sampler.latest.episodes == (("thermal", 0),)
+
+
+def test_a_power_cap_at_a_normal_clock_is_no_episode_one_that_costs_clock_is():
+    """The H200's figures under a plain matmul (benchmarks/gpu_telemetry/results/h200.json):
+    sw_power_cap at 641 of 700 W with the SM clock at 1725 of 1980 MHz (87%): the GPU working at
+    its limit as designed, not an alert every sustained generation."""
+    clock = Clock()
+    w = ThrottleWatch(alert_after=60, low_clock_fraction=0.5, clock=clock)
+    at_limit = lambda: dev({"sw_power_cap"}, sm=1725.0, max_sm=1980.0)  # noqa: E731
+    assert run(w, clock, 600, 5, at_limit, generating=True) == []
+    costly = lambda: dev({"sw_power_cap"}, sm=1400.0, max_sm=1980.0)  # noqa: E731  71% of its maximum
+    c = run(w, clock, 100, 5, costly, generating=True)
+    assert [(x.kind, x.started, x.event) for x in c] == [("power", True, "gpu_power")]
+    assert c[0].reason.startswith("GPU 0: power capping that costs clock (sw_power_cap) for 60 s: ")
+    assert "SM 1400 MHz of 1980" in c[0].reason
+
+
+@pytest.mark.parametrize("sm,counts", [(2400.0, True), (2401.0, False)])
+def test_a_clock_at_exactly_the_power_fraction_counts(sm, counts):
+    clock = Clock()
+    w = ThrottleWatch(alert_after=10, low_clock_fraction=0.5, power_clock_fraction=0.8, clock=clock)
+    c = run(w, clock, 30, 5, lambda: dev({"sw_power_cap"}, sm=sm, max_sm=3000.0))
+    assert [x.kind for x in c] == (["power"] if counts else [])
+
+
+@pytest.mark.parametrize("sm,counts", [(1500.0, True), (1501.0, False)])
+def test_a_clock_at_exactly_the_low_clock_fraction_counts(sm, counts):
+    clock = Clock()
+    w = ThrottleWatch(alert_after=10, low_clock_fraction=0.5, clock=clock)
+    c = run(w, clock, 30, 5, lambda: dev(sm=sm, max_sm=3000.0), generating=True)
+    assert [x.kind for x in c] == (["low_clock"] if counts else [])
+
+
+def test_the_power_brake_counts_at_any_clock_and_a_cap_without_a_clock_counts():
+    clock = Clock()
+    w = ThrottleWatch(alert_after=10, low_clock_fraction=0.5, clock=clock)
+    c = run(w, clock, 30, 5, lambda: dev({"hw_power_brake"}, sm=2900.0, index=0))
+    assert [(x.kind, x.device) for x in c] == [("power", 0)]
+    # No clock from NVML: the cap's cost cannot be told, so the reason alone counts.
+    c = run(w, clock, 30, 5, lambda: dev({"sw_power_cap"}, sm=None, index=1))
+    assert [(x.kind, x.device) for x in c] == [("power", 1)]
+
+
+def test_hardware_slowdown_is_its_own_kind_unless_a_thermal_or_brake_reason_names_it():
+    clock = Clock()
+    w = ThrottleWatch(alert_after=10, low_clock_fraction=0.5, clock=clock)
+    c = run(w, clock, 30, 5, lambda: dev({"hw_slowdown"}, sm=1200.0))
+    assert [(x.kind, x.event) for x in c] == [("hw_slowdown", "gpu_hw_slowdown")]
+    assert "hardware slowdown (power supply brake or over-current) (hw_slowdown)" in c[0].reason
+    clock2 = Clock()
+    w2 = ThrottleWatch(alert_after=10, low_clock_fraction=0.5, clock=clock2)
+    c = run(w2, clock2, 30, 5, lambda: dev({"hw_slowdown", "hw_thermal"}, sm=1200.0))
+    assert [x.kind for x in c] == ["thermal"]  # one alert for one cause, not two
+    c = run(w2, clock2, 30, 5, lambda: dev({"hw_slowdown", "hw_power_brake"}, sm=1200.0))
+    assert [(x.kind, x.started) for x in c] == [("thermal", False), ("power", True)]
+
+
+def test_kinds_left_out_of_alerts_are_tracked_but_send_nothing():
+    clock = Clock()
+    sent = []
+
+    class Recorder:
+        def notify(self, event, state, profile, reason, figures=None):
+            sent.append(event)
+
+    w = ThrottleWatch(alert_after=10, low_clock_fraction=0.5, alerts=["thermal"], clock=clock)
+    sampler = TelemetrySampler(5.0, memory_source=None, watch=w, alerter=Recorder(), wall=clock)
+    ctx = SampleContext("ready", "demo", 42, None)
+    for _ in range(5):
+        clock.t += 5
+        sampler.record(ctx, reading(dev({"sw_power_cap"}, sm=1000.0)), HostMemory(*[None] * 6), None)
+    assert sent == [] and sampler.latest.episodes == (("power", 0),)
+    assert dict(sampler.latest.episodes_total) == {"power": 1}
+    for _ in range(5):
+        clock.t += 5
+        sampler.record(ctx, reading(dev({"sw_power_cap", "sw_thermal"}, sm=1000.0)), HostMemory(*[None] * 6), None)
+    assert sent == ["gpu_thermal"]
+
+
+def test_an_unknown_alert_kind_is_refused():
+    with pytest.raises(ValueError, match=r"unknown throttle kinds \['clock_low'\]: known are thermal, power"):
+        ThrottleWatch(60, 0.5, alerts=["thermal", "clock_low"])
+    assert KINDS == ("thermal", "power", "hw_slowdown", "low_clock")
