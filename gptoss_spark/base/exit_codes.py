@@ -16,7 +16,7 @@ EXIT_USAGE = 2             # a bad option, settings or profile file (argparse's 
 EXIT_REQUIREMENT = 3       # this host cannot run it: no checkpoint, no Eagle3 head; a retry will not help
 EXIT_GAVE_UP = 4           # serve: the engine never became ready (crashed max_crashes times, or in a way retries cannot fix)
 
-# ---- install.sh (gptoss_spark.install), 10-31
+# ---- install.sh (gptoss_spark.install), 10-32
 EXIT_NOT_ROOT = 10
 EXIT_NO_SYSTEMD = 11
 EXIT_WRONG_ARCH = 12
