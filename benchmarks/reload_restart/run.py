@@ -38,12 +38,14 @@ import platform
 import statistics
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.helpers.demo_settings import demo_settings_toml  # noqa: E402
+from tests.helpers.serve_log import log_events  # noqa: E402
 from tests.system.harness import NamespacedSystemd  # noqa: E402
 
 SRC = "/tmp/src"
@@ -77,6 +79,16 @@ def before_drain_seconds(ns: NamespacedSystemd, since: float) -> float | None:
     argument check (argcheck.py), while the old engine still serves."""
     draining = [e for e in journal(ns, since, "EVENT=state") if e.get("STATE") == "draining"]
     return round(int(draining[0]["__REALTIME_TIMESTAMP"]) / 1e6 - since, 1) if draining else None
+
+
+def logged_before_drain(serve_log: Path, since: float) -> float | None:
+    """before_drain_seconds without systemd: from the restart command to the first `draining` state
+    serve logged after it (its JSON lines carry ISO UTC timestamps)."""
+    for e in log_events(serve_log, "state"):
+        at = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+        if e.get("state") == "draining" and at >= since:
+            return round(at - since, 1)
+    return None
 
 
 def sigstop_to_ready(ns: NamespacedSystemd) -> dict[str, float]:
@@ -161,10 +173,11 @@ def direct_runs(reps: int) -> tuple[float, list[dict[str, float | None]]]:
     try:
         first = round(until(ready, "ready"), 1)
         for i in range(reps):
-            t = time.monotonic()
+            t, since = time.monotonic(), time.time()
             subprocess.run([sys.executable, "-m", "gptoss_spark.cli", "restart", "--config", str(config)],
                            check=True, env=env, cwd=REPO, capture_output=True)
-            row: dict[str, float | None] = {"reload_s": round(time.monotonic() - t, 1)}
+            row: dict[str, float | None] = {"reload_s": round(time.monotonic() - t, 1),
+                                            "reload_before_drain_s": logged_before_drain(tmp / "serve.log", since)}
             t = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             proc.wait(300)
