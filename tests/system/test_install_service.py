@@ -730,8 +730,9 @@ def served_names(ns, port: int) -> list[str]:
 
 def test_a_second_instance_serves_beside_the_default_and_stops_alone(ns):
     """gptoss-spark@b, the template install.sh generated from the unit: the demo model under demo-b on
-    8110/8111 beside the default service; stopped, it leaves the default serving. An instance file that
-    would share the default's state dir is refused at start (exit 2, no engine)."""
+    8110/8111 beside the default service, both claiming memory in one claims directory; the default
+    stopped and started again, it serves on; stopped, it leaves the default serving. An instance file
+    that would share the default's state dir is refused at start (exit 2, no engine)."""
     ns.sh("mkdir -p /etc/systemd/system/gptoss-spark@b.service.d && "  # pinned to one core like the default
           "printf '[Service]\\nCPUAffinity=1\\n' > /etc/systemd/system/gptoss-spark@b.service.d/10-test.conf")
     ns.sh(f"printf %s {quote(INSTANCE_B)} > /etc/gptoss-spark/b.toml")
@@ -753,6 +754,16 @@ def test_a_second_instance_serves_beside_the_default_and_stops_alone(ns):
     props = ns.sh("systemctl show gptoss-spark@b -p SystemCallFilter -p ExecStartPre -p ExecStopPost").stdout
     assert "SystemCallFilter=" in props and "SystemCallFilter=\n" not in props + "\n", props
     assert "gpu-clock" not in props, props
+    # Both budget their memory in the one default claims directory, each under its unit's name.
+    claims = set(ns.sh("ls /var/lib/gptoss-spark/claims").stdout.split())
+    assert {"gptoss-spark.json", "gptoss-spark@b.json"} <= claims, claims
+
+    # The reverse: the default stopped, the instance serves on; the default starts again beside it.
+    timed("default_stop_beside_instance_s", ns, "systemctl stop gptoss-spark", timeout=200)
+    assert http_code(ns, f"{ENGINE}/health") == "000" and served_names(ns, 8110) == ["gptoss-b"]
+    timed("default_start_beside_instance_s", ns, "systemctl start gptoss-spark", timeout=600)
+    assert served_names(ns, 8100) == ["gptoss"] and served_names(ns, 8110) == ["gptoss-b"]
+    main_before = show(ns, "MainPID")["MainPID"]
 
     timed("instance_stop_s", ns, "systemctl stop gptoss-spark@b", timeout=200)
     assert http_code(ns, "http://127.0.0.1:8110/health") == "000"
