@@ -298,13 +298,37 @@ def _remember_accepted(path: Path, key: str) -> None:
         pass
 
 
+def _check_env(settings: "Settings", profile: "Profile", tmp: str) -> dict[str, str]:
+    """The environment the check runs vLLM's parser under: the engine's, with tmp as its TMPDIR."""
+    from .engine import build_env
+
+    env = build_env(settings, profile, Path(tmp))
+    env.pop("VLLM_API_KEY", None)  # the parser has no use for it
+    return env
+
+
+def remember_started(settings: "Settings", profile: "Profile") -> None:
+    """Remember `profile`'s argv as accepted once its engine got ready with it: vLLM took those
+    arguments, so the first reload or restart after a start skips the check too (without this it
+    paid a vLLM import, ~8 s of a core on the CPU demo, that every later one skipped). The
+    --gpu-memory-utilization share is not cached: profile_rejects compares it with MemTotal anew."""
+    from .engine import build_argv
+
+    python, args = split_engine_argv(build_argv(settings, profile))
+    with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
+        key = accepted_key(python or sys.executable, args, _check_env(settings, profile, tmp),
+                           profile.memory_gib, tmp)
+    if key is not None:
+        _remember_accepted(settings.paths.state_dir / CACHE_FILE, key)
+
+
 async def profile_rejects(settings: "Settings", profile: "Profile", timeout: float = DEFAULT_TIMEOUT) -> str | None:
     """vllm_rejects for the argv and environment the supervisor would start `profile` with.
 
     An accepted answer is remembered in the state dir (CACHE_FILE) under accepted_key: the same
     argv under the same venv and checkpoint is not asked again (a reload of an unchanged profile
     skips the vLLM import, several seconds of a core). A rejection is always asked anew."""
-    from .engine import build_argv, build_env  # engine imports the heavier FlashInfer cache helpers
+    from .engine import build_argv  # engine imports the heavier FlashInfer cache helpers
     from .profiles import nvidia_gpu_count
 
     python, args = split_engine_argv(build_argv(settings, profile))
@@ -316,8 +340,7 @@ async def profile_rejects(settings: "Settings", profile: "Profile", timeout: flo
             return problem
     cache = settings.paths.state_dir / CACHE_FILE
     with tempfile.TemporaryDirectory(prefix="gptoss-spark-argcheck-") as tmp:
-        env = build_env(settings, profile, Path(tmp))
-        env.pop("VLLM_API_KEY", None)  # the parser has no use for it
+        env = _check_env(settings, profile, tmp)
         key = accepted_key(python, args, env, profile.memory_gib, tmp)
         if key is not None and key in _read_accepted(cache):
             return None

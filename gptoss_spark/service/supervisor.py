@@ -22,7 +22,7 @@ from typing import Awaitable, Callable, Mapping
 import structlog
 
 from .alerts import Alerter
-from .argcheck import ArgCheckUnavailable, profile_rejects
+from .argcheck import ArgCheckUnavailable, profile_rejects, remember_started
 from .config import Settings
 from .api_access import read_api_key
 from .engine import EngineProcess
@@ -93,6 +93,7 @@ class Supervisor:
                  engine_factory: Callable[[Settings, Profile], EngineProcess] = EngineProcess,
                  probe_factory: Callable[[str, str, str | None], EngineProbe] = EngineProbe,
                  engine_args_check: Callable[[Settings, Profile], Awaitable[str | None]] | None = profile_rejects,
+                 engine_args_started: Callable[[Settings, Profile], None] | None = remember_started,
                  clock: Callable[[], float] = time.monotonic):
         """parts: as `serve` builds them; without, built here from settings (memory_source: where the
         guard reads memory, a stand-in in tests; only without parts, whose guard has its own)."""
@@ -114,6 +115,8 @@ class Supervisor:
         # vLLM's parser on a target's argv before a switch/restart (argcheck.py); None for a stand-in
         # engine (tests), which runs no vLLM argv, and on a worker, whose argv is the head's business.
         self.engine_args_check = engine_args_check if self.role.checks_engine_args else None
+        # An engine that got ready proves its argv: remembered for that check (argcheck.remember_started).
+        self.engine_args_started = engine_args_started if self.engine_args_check is not None else None
         self.clock = clock
         self.sm = StateMachine(clock)
         self.sm.subscribe(self._on_transition)
@@ -423,6 +426,7 @@ class Supervisor:
             self.sm.to(State.READY, self.role.ready_reason(engine.pid), name)
             self.notifier.ready(self._status_line())
             self.store.save(PersistedState(active_profile=name, last_good_profile=name))
+            self._remember_started(profile)
             if op is not None and not op.done.is_set():
                 if op.kind == CommandKind.SWITCH:
                     self.switches["ok"] += 1
@@ -486,6 +490,14 @@ class Supervisor:
         if phase != self._load_phase_shown:
             self._load_phase_shown = phase
             self.notifier.status(f"loading: profile {name} ({engine.startup.progress_line()})"[:200])
+
+    def _remember_started(self, profile: Profile) -> None:
+        if self.engine_args_started is None:
+            return
+        try:
+            self.engine_args_started(self.settings, profile)
+        except Exception as e:  # a cache: its trouble costs the next check its seconds, nothing else
+            log.warning("accepted engine arguments not remembered", profile=profile.name, reason=str(e))
 
     async def _record_start(self, engine: EngineProcess, name: str, *, ready: bool) -> None:
         """One journal event per start: its phases, and what it compiled (a warning if anything)."""

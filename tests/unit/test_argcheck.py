@@ -165,6 +165,40 @@ def test_an_accepted_argv_is_not_asked_again_under_the_same_venv_and_checkpoint(
     assert check('["--bad"]') == "unrecognized arguments: --bad" and calls.read_text() == "xxxxx"  # asked again
 
 
+
+def test_an_argv_an_engine_got_ready_with_is_not_asked_on_the_next_check(tmp_path):
+    """remember_started (the supervisor calls it once an engine is ready) files the argv as accepted
+    under the same key profile_rejects looks up: the first reload after a start runs no vLLM import;
+    another argv is still asked."""
+    from gptoss_spark.service.argcheck import profile_rejects, remember_started
+    from gptoss_spark.service.config import load_settings
+    from gptoss_spark.service.profiles import load_profiles
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write('x')\n"
+                    "print(sys.argv[3] + json.dumps({'errors': [None for _ in json.loads(sys.argv[4])]}))\n")
+    fake.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}')
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "a.toml").write_text('description = "a"\nmemory_gib = 1\n[engine]\nargs = ["--max-num-seqs", "4"]\n')
+    (pdir / "b.toml").write_text('description = "b"\nmemory_gib = 1\n[engine]\nargs = ["--max-num-seqs", "8"]\n')
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'default_profile = "a"\n[engine]\npython = "{fake}"\n[model]\ndir = "{model}"\n'
+                   f'[paths]\nstate_dir = "{tmp_path / "state"}"\nprofile_dirs = ["{pdir}"]\n')
+    (tmp_path / "state").mkdir()
+    settings = load_settings(cfg)
+    profiles = load_profiles(settings)
+
+    remember_started(settings, profiles["a"])
+    assert asyncio.run(profile_rejects(settings, profiles["a"])) is None and not calls.exists()
+    assert asyncio.run(profile_rejects(settings, profiles["b"])) is None and calls.read_text() == "x"
+
+
 SPARK_TOTAL = int(119.7 * (1 << 30))  # MemTotal as the project's sizing takes it (what GB10's CUDA reports)
 SEED_ADDRESSABLE = int(121.6 * (1 << 30))  # "the Spark's 121.6 GiB of addressable memory" (a seed document)
 

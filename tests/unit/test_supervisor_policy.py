@@ -393,3 +393,33 @@ def test_a_start_that_compiled_warns_and_names_what(tmp_path):
     assert "weights=" in compiled[0]["phases"]
     warm = asyncio.run(scenario(""))  # a start that compiled nothing: no warning
     assert [(e["log_level"], e["compiled"]) for e in warm] == [("info", "nothing")]
+
+
+def test_an_engine_that_got_ready_has_its_arguments_remembered_for_the_next_check(tmp_path):
+    """Once ready, the supervisor hands the profile to engine_args_started (argcheck.remember_started
+    in service): the first reload after a start needs no vLLM import. Not before ready, and not at all
+    where no check runs (engine_args_check None: nothing to remember for)."""
+    async def scenario():
+        started: list[str] = []
+
+        async def accept(settings, profile):
+            return None
+
+        settings = make_settings(tmp_path, {"ok": "loading_for=0.3"},
+                                 timeouts={"load": 2, "probe_interval": 0.05, "drain": 0.2},
+                                 wedge={"canary_interval": 0, "stall_seconds": 0.3})
+        ScriptedEngine.started = []
+        sup = Supervisor(settings, memory_source=FakeMemory(), engine_factory=ScriptedEngine,
+                         probe_factory=ScriptedProbe, engine_args_check=accept,
+                         engine_args_started=lambda s, p: started.append(p.name))
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.LOADING, "loading")
+        assert started == []
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        assert started == ["ok"]
+        assert await stopped(sup, task) == 0
+
+        (tmp_path / "unchecked").mkdir()
+        unchecked = supervisor(tmp_path / "unchecked", {"ok": ""})
+        assert unchecked.engine_args_started is None
+    asyncio.run(scenario())
