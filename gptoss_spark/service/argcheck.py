@@ -136,12 +136,9 @@ def host_memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None
 def given_utilization(args: list[str]) -> float | None:
     """The --gpu-memory-utilization an argv gives (the last one, as argparse takes it), None if it
     gives none or no number (vLLM's parser refuses a non-number itself)."""
-    value = None
-    for i, a in enumerate(args):
-        if a == UTILIZATION_FLAG and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(UTILIZATION_FLAG + "="):
-            value = a.split("=", 1)[1]
+    from .batch_shape import option_value
+
+    value = option_value(args, UTILIZATION_FLAG)
     try:
         return float(value) if value is not None else None
     except ValueError:

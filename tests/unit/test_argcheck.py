@@ -166,6 +166,18 @@ def test_an_accepted_argv_is_not_asked_again_under_the_same_venv_and_checkpoint(
 
 
 
+def accepting_checker(tmp_path):
+    """A stand-in for the check's child under tmp_path/venv/bin/python: accepts every argv as vLLM's
+    parser would answer, and counts its calls (an "x" each) in the returned file."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write('x')\n"
+                    "print(sys.argv[3] + json.dumps({'errors': [None for _ in json.loads(sys.argv[4])]}))\n")
+    fake.chmod(0o755)
+    return fake, calls
+
+
 def test_an_argv_an_engine_got_ready_with_is_not_asked_on_the_next_check(tmp_path):
     """remember_started (the supervisor calls it once an engine is ready) files the argv as accepted
     under the same key profile_rejects looks up: the first reload after a start runs no vLLM import;
@@ -174,12 +186,7 @@ def test_an_argv_an_engine_got_ready_with_is_not_asked_on_the_next_check(tmp_pat
     from gptoss_spark.service.config import load_settings
     from gptoss_spark.service.profiles import load_profiles
 
-    calls = tmp_path / "calls"
-    fake = tmp_path / "venv" / "bin" / "python"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write('x')\n"
-                    "print(sys.argv[3] + json.dumps({'errors': [None for _ in json.loads(sys.argv[4])]}))\n")
-    fake.chmod(0o755)
+    fake, calls = accepting_checker(tmp_path)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"max_position_embeddings": 4096}')
@@ -254,12 +261,7 @@ def test_a_utilization_over_memory_gib_is_refused_before_any_vllm_import_on_a_gp
     import gptoss_spark.service.profiles as profiles_module
     from gptoss_spark.service.config import load_settings
 
-    calls = tmp_path / "calls"
-    fake = tmp_path / "venv" / "bin" / "python"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write('x')\n"
-                    "print(sys.argv[3] + json.dumps({'errors': [None for _ in json.loads(sys.argv[4])]}))\n")
-    fake.chmod(0o755)
+    fake, calls = accepting_checker(tmp_path)
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "big.toml").write_text('description = "big"\nmemory_gib = 84\n'
