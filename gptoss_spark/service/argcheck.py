@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..base.fsutil import read_json, write_atomic
+from .memory import ProcMemorySource
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -122,15 +123,13 @@ GIB = 1 << 30
 UTILIZATION_FLAG = "--gpu-memory-utilization"
 
 
-def host_memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """MemTotal: on a Spark's unified memory, the GPU's memory too (the 119.7 GiB CUDA reports)."""
+def host_memory_total_bytes(proc: Path = Path("/proc")) -> int | None:
+    """MemTotal as the memory guard reads it: on a Spark's unified memory, the GPU's memory too (the
+    119.7 GiB CUDA reports). None where /proc cannot be read."""
     try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return ProcMemorySource(proc).read().total_bytes
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def given_utilization(args: list[str]) -> float | None:
@@ -355,7 +354,7 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
     Profiles with the same interpreter and environment share one child (one vLLM import, about
     a core and 1 GiB for seconds); `parallel` children at a time. A child that gives no answer
     (its profile's environment stops vLLM's import on this machine) leaves its profiles unchecked."""
-    from .engine import build_argv, build_env
+    from .engine import build_argv
     from .profiles import nvidia_gpu_count
 
     gate = asyncio.Semaphore(parallel)
@@ -371,8 +370,7 @@ async def profiles_rejected(settings: "Settings", profiles: "dict[str, Profile]"
             if problem is not None:  # refused without a vLLM import
                 results[name] = ("rejected", problem)
                 continue
-            env = build_env(settings, profiles[name], Path(tmp))
-            env.pop("VLLM_API_KEY", None)
+            env = _check_env(settings, profiles[name], tmp)
             key = json.dumps([python, sorted(env.items())])
             groups.setdefault(key, (python or sys.executable, env, []))[2].append((name, args))
 

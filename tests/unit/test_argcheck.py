@@ -288,6 +288,6 @@ def test_host_memory_total_is_memtotal(tmp_path):
     from gptoss_spark.service.argcheck import host_memory_total_bytes
 
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       125513944 kB\nMemFree:         1000 kB\n")
-    assert host_memory_total_bytes(meminfo) == 125513944 * 1024
+    meminfo.write_text("MemTotal:       125513944 kB\nMemFree:         1000 kB\nMemAvailable:    900 kB\n")
+    assert host_memory_total_bytes(tmp_path) == 125513944 * 1024
     assert host_memory_total_bytes(tmp_path / "absent") is None
