@@ -89,6 +89,17 @@ interrupted() {
     exit $((128 + $(kill -l "$1")))
 }
 trap 'interrupted HUP' HUP; trap 'interrupted INT' INT; trap 'interrupted TERM' TERM
+# What the config step changes in /etc/gptoss-spark is put back when the install fails (a refused
+# profile must not stay for the old version's next start), kept when it succeeds (config_undo.py).
+CONFIG_PENDING=0 INSTALL_LOG=
+on_exit() {
+    local rc=$?
+    if [ "$CONFIG_PENDING" = 1 ]; then
+        if [ "$rc" = 0 ]; then step config-keep; else step config-undo; fi
+    fi
+    [ -z "$INSTALL_LOG" ] || echo "the full log of this run: $INSTALL_LOG" >&2
+}
+trap on_exit EXIT
 # Commands with side effects that are not a Python step: echoed, skipped by --dry-run.
 run()    { if [ "$DRY_RUN" = 1 ]; then echo "  would run: $*"; else "$@"; fi; }
 DRY=(); [ "$DRY_RUN" = 1 ] && DRY=(--dry-run)
@@ -118,7 +129,6 @@ if [ "$ACTION" = install ] && [ "$DRY_RUN" != 1 ]; then
     { echo; echo "==== install.sh $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'), source $SRC)"; } >>"$INSTALL_LOG"
     exec > >(exec 9>&-; tee -a "$INSTALL_LOG") 2> >(exec 9>&-; tee -a "$INSTALL_LOG" >&2)
     export GPTOSS_SPARK_INSTALL_LOG="$INSTALL_LOG"
-    trap 'echo "the full log of this run: $INSTALL_LOG" >&2' EXIT
 fi
 
 # ---------------------------------------------------------------- start and switch back
@@ -255,6 +265,7 @@ step build --source "$SRC" --python "$PYTHON" "${MODE[@]}" "${BUILD_ARGS[@]}" "$
 step assets --venv-id "$VENV_ID" "${MODE[@]}" "${DRY[@]}"
 
 phase "Configuration in /etc/gptoss-spark (your edits kept, new defaults as .dist; --role sets [cluster] in it)"
+[ "$DRY_RUN" = 1 ] || CONFIG_PENDING=1
 CONFIG="$(step config --source "$SRC" "${MODE[@]}" "${DRY[@]}")"   # changed: validate checks the profiles
 # --role: [cluster], admin.host and default_profile, in one rename (before the unit step: 30-lan.conf).
 CLUSTER="$(step cluster --source "$SRC" "${MODE[@]}" "${ROLE_ARGS[@]}" "${DRY[@]}")"
@@ -319,16 +330,29 @@ if [ "$NO_START" = 1 ]; then
         && warn "the running instances still run the old version: systemctl restart ${RUNNING_INSTANCES[*]}"
     exit 0
 fi
+# Nothing to switch and the supervisor runs: done if it serves (its /admin/health, not
+# `systemctl is-active`, which a supervisor that gave up on its engine passes too), left alone
+# while it is on its way (a restart would throw a load away), restarted below if it serves nothing.
 if systemctl is-active --quiet "$SERVICE" && [ "$SWITCHED" = unchanged ] && [ "$UNIT" = unchanged ] \
         && [ "$CLUSTER" = unchanged ]; then
-    if [ "$CONFIG" = changed ]; then
-        status "Already installed and running ($((SECONDS - T0)) s); the configuration changed (above):" \
+    # A cluster worker serves only while the head has it join: its supervisor running is enough.
+    SERVES=0 HEALTH="the cluster worker"
+    [ "$(step cluster-role)" = worker ] || HEALTH="$(step serving)" || SERVES=$?
+    if [ "$SERVES" = 0 ] && [ "$CONFIG" = changed ]; then
+        status "Already installed and serving ($HEALTH, $((SECONDS - T0)) s); the configuration changed (above):" \
             "the running engine keeps its arguments until systemctl reload $SERVICE"
+    elif [ "$SERVES" = 0 ]; then
+        status "Already installed and serving ($HEALTH); nothing changed ($((SECONDS - T0)) s)."
+    elif [ "$SERVES" = 3 ]; then
+        status "Already installed; $SERVICE is on its way to serving ($HEALTH), left as it is" \
+            "($((SECONDS - T0)) s): follow it with journalctl -u $SERVICE -f"
     else
-        status "Already installed and running; nothing changed ($((SECONDS - T0)) s)."
+        warn "$SERVICE runs but serves nothing ($HEALTH): restarting it"
     fi
-    step summary
-    exit 0
+    if [ "$SERVES" = 0 ] || [ "$SERVES" = 3 ]; then
+        step summary
+        exit 0
+    fi
 fi
 phase "Starting $SERVICE (returns when the engine is ready; the first start can take a while)"
 echo "  follow it with: journalctl -u $SERVICE -f"

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import (cluster, demo_model, dropins, instances, locks, patching, peer, placement, preflight, uninstall,
-               validate, venvs, versions, why)
+from . import (cluster, config_undo, demo_model, dropins, instances, locks, patching, peer, placement, preflight,
+               serving, uninstall, validate, venvs, versions, why)
 from .checks import Check
 from ..base.exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
 from ..base.defaults import ADMIN_PORT, LOOPBACK
@@ -180,9 +180,30 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     layout = _layout(args)
+    if not args.dry_run:
+        _say_restored(layout, config_undo.restore(layout, only_if_abandoned=True),
+                      "an earlier install.sh that did not finish changed")
     placed = placement.place_config(layout, _source(args), cpu=args.cpu, dry_run=args.dry_run)
     _say(*(p.line(layout) for p in placed))
     _answer("changed" if _changed(placed) else "unchanged")  # validate checks changed profiles
+    return 0
+
+
+def _say_restored(layout: Layout, paths: list[Path], who: str) -> None:
+    if paths:
+        _say(f"  put back what {who}: {', '.join(str(layout.real(p)) for p in paths)}")
+
+
+def cmd_config_undo(args: argparse.Namespace) -> int:
+    """The install failed: the config step's files as they were before it."""
+    layout = _layout(args)
+    _say_restored(layout, config_undo.restore(layout), "this install had changed in the configuration")
+    return 0
+
+
+def cmd_config_keep(args: argparse.Namespace) -> int:
+    """The install succeeded: what the config step wrote stays."""
+    config_undo.keep(_layout(args))
     return 0
 
 
@@ -222,6 +243,16 @@ def cmd_worker_up(args: argparse.Namespace) -> int:
     ok, line = peer.wait_worker_up(url, timeout=args.timeout)
     _say(f"  {line}")
     return 0 if ok else 1
+
+
+def cmd_serving(args: argparse.Namespace) -> int:
+    """Exit 0 if the service serves, 3 if it is on its way (starting, loading), 1 if not; one line why."""
+    data = placement.read_config(_layout(args).config_file)
+    admin = data.get("admin", {})
+    url = peer.admin_url(str(admin.get("host", LOOPBACK)), int(admin.get("port", ADMIN_PORT)))
+    code, line = serving.serving(url)
+    _answer(line)
+    return code
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -541,6 +572,10 @@ def register_steps(sub: argparse._SubParsersAction) -> None:
     sp = step("assets", cmd_assets, "tiktoken file (and the demo model with --cpu)", mode=True)
     sp.add_argument("--venv-id", required=True)
     step("config", cmd_config, "config and profiles, only if absent (.dist beside)", source=True, mode=True)
+    step("config-undo", cmd_config_undo, "put back the files the config step changed (the install failed)",
+         dry=False)
+    step("config-keep", cmd_config_keep, "keep the files the config step changed (the install succeeded)",
+         dry=False)
     sp = step("cluster", cmd_cluster, "[cluster] from --role/--head/--worker into the installed config",
               source=True, mode=True)
     role_flags(sp)
@@ -548,6 +583,8 @@ def register_steps(sub: argparse._SubParsersAction) -> None:
     step("cluster-role", cmd_cluster_role, "print the installed [cluster] role (head, worker or single)", dry=False)
     sp = step("worker-up", cmd_worker_up, "wait until this worker's supervisor answers on its admin API", dry=False)
     sp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
+    step("serving", cmd_serving, "does the service serve? (its /admin/health; exit 0 yes, 3 starting, 1 no)",
+         dry=False)
     step("token", cmd_token, "admin token and API key, only if absent")
     sp = step("flashinfer", cmd_flashinfer, "FlashInfer JIT modules for the installed profiles (Spark)", mode=True)
     sp.add_argument("--venv-id", required=True)

@@ -130,8 +130,7 @@ def render_template(unit: str) -> str:
     if text.count(DEFAULT_CONFIG) != 2:  # ExecStart and ExecReload
         raise TemplateError(f"expected {DEFAULT_CONFIG} in ExecStart and ExecReload of {UNIT_NAME}, "
                             f"found it {text.count(DEFAULT_CONFIG)} times")
-    text = text.replace(DEFAULT_CONFIG, INSTANCE_CONFIG)
-    return text.replace("`systemctl reset-failed gptoss-spark`", "`systemctl reset-failed gptoss-spark@NAME`")
+    return text.replace(DEFAULT_CONFIG, INSTANCE_CONFIG)
 
 
 def install_template(layout: Layout, root: Path, *, dry_run: bool = False,

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from ..base.defaults import ADMIN_PORT, ENGINE_PORT, LOOPBACK
 from ..base.fsutil import read_json, replace_symlink, write_atomic
+from . import config_undo
 from .earlier_shipped import DIGESTS as EARLIER_SHIPPED
 from .layout import Layout
 
@@ -285,10 +286,17 @@ def shipped_profiles(source: Path, *, cpu: bool) -> list[Path]:
 
 
 def place_config(layout: Layout, source: Path, *, cpu: bool, dry_run: bool = False) -> list[Placed]:
+    """The settings file and the shipped profiles, by place_if_absent's rule. Everything it may
+    touch is recorded first (config_undo.py): a failed install puts it back."""
+    profiles = shipped_profiles(source, cpu=cpu)
+    if not dry_run:
+        touched = [layout.config_file, *(layout.profiles_dir / p.name for p in profiles)]
+        config_undo.record(layout, [*touched, *(t.with_name(t.name + ".dist") for t in touched),
+                                    layout.etc_dir / SHIPPED_FILE])
     shipped = Shipped(layout)
     placed = [place_if_absent(layout.config_file, render_config(layout, source, cpu=cpu), dry_run=dry_run,
                               shipped=shipped)]
-    for prof in shipped_profiles(source, cpu=cpu):
+    for prof in profiles:
         placed.append(place_if_absent(layout.profiles_dir / prof.name, prof.read_bytes(), dry_run=dry_run,
                                       shipped=shipped))
     if not dry_run:

@@ -69,7 +69,7 @@ def check_profiles(layout: Layout, venv: Path, *, run: Runner = default_runner, 
     _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *config_args(layout),
                *engine_python_override(layout, venv)]) == 0,
           f"{whose} rejects an installed profile's engine arguments (the line above names the profile and "
-          f"vLLM's reason); {fix}" + (kept or "; the running engine keeps the arguments it started with"),
+          f"vLLM's reason); {fix}" + (kept or "; the profile files are put back as they were, the running engine keeps its arguments"),
           EXIT_ARGS)
 
 

@@ -103,6 +103,9 @@ class MemorySettings(_Section):
     # ... or the memory PSI "some avg10" exceeds this percentage.
     danger_psi_some_avg10: float = Field(40.0, gt=0, le=100)
     check_interval: float = Field(1.0, gt=0)
+    # A start the guard refuses waits for the memory (re-checked every check_interval): after the
+    # service has served, as long as it takes; a first start gives up after this many seconds (exit 3).
+    start_wait: float = Field(60.0, ge=0)
     # Several services on one host (two models): each writes its claim (profile memory_gib) here and a
     # start is refused when all claims + the floor exceed MemTotal (budget.py). Unset: the directory
     # Settings.claims_dir derives from the state dir, one for every installed service.

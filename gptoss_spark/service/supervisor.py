@@ -403,9 +403,8 @@ class Supervisor:
         except (RequirementError, ConfigError, KeyError) as e:
             return self._end_without_engine(str(e) if not isinstance(e, KeyError) else self.role.missing_profile(name),
                                             requirement=True)
-        refusal = self.guard.start_refusal(profile.memory_gib, profile=name, claim=True)
-        if refusal:
-            return self._end_without_engine(f"memory guard refused start: {refusal}")
+        if (no_memory := await self._memory_for_start(profile, name, op)) is not None:
+            return no_memory
 
         engine = self.engine_factory(self.settings, profile)
         self.engine = engine
@@ -435,6 +434,48 @@ class Supervisor:
             ended.reached_ready = True
         await self._stop_engine(engine, ended, name)
         return ended
+
+    async def _memory_for_start(self, profile: Profile, name: str, op: Operation | None) -> _Ended | None:
+        """None once the memory guard lets `profile` start (its claim recorded); else why the start ended.
+
+        A refusal is not a crash: no engine ran, and a retry soon after finds the same memory. So the
+        start waits for the memory, saying so in STATUS=, and spends nothing of the restart budget.
+        A service that has served waits as long as it takes (restarting cannot free memory; a stop,
+        restart or switch ends the wait); a first start gives up after memory.start_wait seconds as an
+        unmet requirement, so `systemctl start` fails with the reason (exit 3) instead of hanging.
+        A switch still in progress is not waited for: its refusal rolls back to the last good profile."""
+        refusal = self.guard.start_refusal(profile.memory_gib, profile=name, claim=True)
+        if refusal is None:
+            return None
+        switching = op is not None and op.kind == CommandKind.SWITCH and not op.done.is_set()
+        if switching:
+            return self._end_without_engine(f"memory guard refused start: {refusal}")
+        bound = None if self.ever_ready else self.settings.memory.start_wait
+        if op is not None and not op.done.is_set():  # a restart: it ended with no engine, and says why
+            op.finish(False, f"memory guard refused start: {refusal}; the service starts {name} once memory frees")
+        waited_from, shown = self.clock(), None
+        start_job = StartJobKeeper(self.notifier, self.clock)
+        while refusal is not None:
+            waited = self.clock() - waited_from
+            if bound is not None and waited >= bound:
+                return self._end_without_engine(
+                    f"memory guard refused start for {bound:g} s: {refusal}", requirement=True)
+            if refusal != shown:
+                shown = refusal
+                self.last_error = f"memory guard refused start: {refusal}"
+                log.warning("memory guard refused start: waiting for memory", profile=name, reason=refusal,
+                            gives_up_after=bound)
+                # reload_over: a `systemctl reload` waiting on this start is over (its restart failed).
+                self.notifier.reload_over(f"starting: profile {name} waits for memory: {refusal}"[:200])
+            if bound is not None:
+                start_job.progress()
+            if self.commands.pending is not None:
+                return self._interrupted("waiting for memory")
+            await self._sleep_or_wake(self.settings.memory.check_interval)
+            refusal = self.guard.start_refusal(profile.memory_gib, profile=name, claim=True)
+        log.info("memory available: starting", profile=name, waited_seconds=round(self.clock() - waited_from, 1))
+        self.notifier.status(f"starting: profile {name}")
+        return None
 
     def _interrupted(self, while_: str) -> _Ended:
         assert self.commands.pending is not None
@@ -650,10 +691,12 @@ class Supervisor:
         self.engine_ready_since = None
         await self.role.after_stop(name)
 
-    async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int]) -> None:
+    async def _sleep_or_wake(self, seconds: float, exit_task: asyncio.Task[int] | None = None) -> None:
+        """Sleep until `seconds` pass, a command arrives or (if given) the engine exits."""
         wake = asyncio.create_task(self.commands.wake.wait())
         try:
-            await asyncio.wait({wake, exit_task}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({wake} | ({exit_task} if exit_task else set()), timeout=seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             wake.cancel()
 

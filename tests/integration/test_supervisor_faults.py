@@ -159,17 +159,62 @@ def test_sigterm_ignored_escalates_to_sigkill_of_the_whole_tree(tmp_path):
     run(scenario())
 
 
-def test_memory_guard_refuses_start_then_starts_when_memory_frees(tmp_path):
+def test_memory_guard_refusal_waits_for_memory_without_spending_the_restart_budget(tmp_path):
+    """A refused first start is no crash: it waits in `starting`, says why, and starts once memory frees."""
     async def scenario():
         mem = FakeMemory(available_gib=5)                   # profile needs 10 + 1 floor
-        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}, restart={"max_crashes": 50}), memory=mem)
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}), memory=mem)
         h.start()
-        await h.until(lambda: h.sup.state == State.BACKOFF, what="refusal")
-        assert "memory guard refused start: only 5.0 GiB available" in h.sup.sm.history[-1].reason
+        await h.until(lambda: (h.sup.last_error or "").startswith("memory guard refused start"), what="refusal")
+        await asyncio.sleep(1.0)                            # ten re-checks (check_interval 0.1 s)
+        assert h.sup.state == State.STARTING, h.reasons()
+        assert "only 5.0 GiB available" in h.sup.last_error
         assert h.sup.engine is None                         # nothing was spawned
+        assert h.sup.policy.recent_failures() == 0 and h.sup.policy.total_restarts == 0
+        assert any("waits for memory: only 5.0 GiB available" in m.fields["STATUS"]
+                   for m in h.notify.with_field("STATUS")), h.notify.messages
         mem.available_gib = 50
         await h.until(lambda: h.sup.state == State.READY, what="ready after memory freed")
+        assert [t.new for t in h.sup.sm.history] == [State.STARTING, State.LOADING, State.READY]
         assert await h.stop() == EXIT_OK
+    run(scenario())
+
+
+def test_a_restart_short_of_memory_after_serving_waits_as_long_as_it_takes(tmp_path):
+    """The walk-through's case: low memory for a while after the service served. Each re-check is not a
+    failure (max_crashes 3 would have given up after three), the restart's operation says why it did not
+    get ready, and a stop ends the wait at once."""
+    async def scenario():
+        mem = FakeMemory()
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}, memory={"start_wait": 0.2}), memory=mem)
+        h.start()
+        await h.until(lambda: h.sup.state == State.READY, what="ready")
+        mem.available_gib = 5                               # above the danger line (2), below 10 + 1
+        op = h.sup.request_restart()
+        await h.until(lambda: op.done.is_set(), what="the restart's operation to end")
+        assert op.error.startswith("memory guard refused start: only 5.0 GiB available"), op.error
+        await asyncio.sleep(1.0)                            # five times start_wait, which binds first starts only
+        assert h.sup.state == State.STARTING and h.sup.engine.returncode is not None, h.reasons()
+        assert h.sup.policy.recent_failures() == 0
+        mem.available_gib = 50
+        await h.until(lambda: h.sup.state == State.READY, what="ready after memory freed")
+        mem.available_gib = 5
+        h.sup.request_restart()
+        await h.until(lambda: (h.sup.last_error or "").startswith("memory guard") and h.sup.state == State.STARTING
+                      and h.sup.engine.returncode is not None, what="waiting again")
+        assert await h.stop() == EXIT_OK                    # the stop ends the wait
+    run(scenario())
+
+
+def test_a_first_start_short_of_memory_gives_up_after_start_wait(tmp_path):
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"ok": ""}, memory={"start_wait": 0.5}),
+                    memory=FakeMemory(available_gib=5))
+        h.start()
+        assert await asyncio.wait_for(h.task, 20) == EXIT_REQUIREMENT
+        assert h.sup.state == State.FAILED and h.sup.engine is None
+        assert h.sup.sm.history[-1].reason.startswith("memory guard refused start for 0.5 s: only 5.0 GiB"), h.reasons()
+        h.notify.close()
     run(scenario())
 
 

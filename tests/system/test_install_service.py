@@ -512,6 +512,20 @@ def test_sigstopped_engine_is_replaced_without_the_grace(ns):
     assert not any("engine ignored SIGTERM" in m for m in lines), lines
 
 
+def test_restarts_in_a_row_are_never_refused(ns):
+    """Five `systemctl restart`s within a minute, each a start systemd counts (the unit's old start
+    limit allowed three an hour, then left the service down with start-limit-hit), then one that
+    waits for ready: it serves."""
+    for i in range(5):
+        before = show(ns, "MainPID")["MainPID"]
+        ns.sh("systemctl restart --no-block gptoss-spark")
+        wait_for(lambda: show(ns, "MainPID")["MainPID"] not in ("0", before), 120, f"restart {i + 1}'s supervisor")
+    timed("restart_after_five_s", ns, "systemctl restart gptoss-spark", timeout=600)
+    s = show(ns, "ActiveState", "SubState", "Result")
+    assert (s["ActiveState"], s["SubState"], s["Result"]) == ("active", "running", "success"), s
+    assert http_code(ns, f"{ADMIN}/admin/health") == "200" and http_code(ns, f"{ENGINE}/v1/models") == "200"
+
+
 def test_rerun_is_a_fast_noop(ns):
     main_before = show(ns, "MainPID")["MainPID"]
     venv_before = ns.sh("readlink /opt/gptoss-spark/current").stdout
@@ -520,6 +534,30 @@ def test_rerun_is_a_fast_noop(ns):
     assert TIMINGS["install_rerun_s"] < 30
     assert ns.sh("readlink /opt/gptoss-spark/current").stdout == venv_before
     assert show(ns, "MainPID")["MainPID"] == main_before
+
+
+def test_a_rerun_restarts_a_service_that_runs_but_serves_nothing(ns):
+    """The supervisor up in state `failed` (it gave up on an engine that had served: the active
+    profile now fails to load, twice the same way) passes `systemctl is-active`; a re-run of
+    install.sh must not call that "installed and running": it restarts it, and it serves again."""
+    active = admin_json(ns, "GET", "/admin/profile")["active"]
+    edited = f"/etc/gptoss-spark/profiles.d/{active}.toml"
+    ns.sh(f"cp {edited} /tmp/a4-original.toml 2>/dev/null || rm -f /tmp/a4-original.toml; "
+          f"sed 's/\"--kv-cache-memory-bytes\", \"268435456\"/\"--kv-cache-memory-bytes\", \"4096\"/' "
+          f"$(test -e {edited} && echo {edited} || echo /etc/gptoss-spark/profiles/{active}.toml) > /tmp/a4.toml "
+          f"&& grep -q '\"4096\"' /tmp/a4.toml && mv /tmp/a4.toml {edited}")
+    try:
+        ns.sh(f"kill -9 {engine_pid(ns)}")
+        wait_for(lambda: admin_json(ns, "GET", "/admin/profile").get("state") == "failed", 400,
+                 "the supervisor to give up")
+        assert show(ns, "ActiveState")["ActiveState"] == "active"
+    finally:
+        ns.sh(f"if [ -e /tmp/a4-original.toml ]; then mv /tmp/a4-original.toml {edited}; else rm -f {edited}; fi")
+    r = timed("install_rerun_failed_s", ns, f"{SRC}/install.sh --cpu", check=False, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Already installed" not in r.stdout, r.stdout
+    assert "gptoss-spark runs but serves nothing (state failed, profile " in r.stderr, r.stderr
+    assert http_code(ns, f"{ADMIN}/admin/health") == "200"
 
 
 def test_an_install_after_a_killed_installer_ends_what_it_left(ns):
@@ -652,6 +690,30 @@ def test_upgrade_refused_before_the_engine_is_touched(ns):
     assert rows and all(code == "200" for _, code in rows), [x for x in rows if x[1] != "200"]
     assert link(ns, "current") == VERSIONS["v1"]
     assert show(ns, "MainPID")["MainPID"] == main_before and engine_pid(ns) == eng_before
+
+
+def test_a_refused_shipped_profile_is_put_back_for_the_next_start(ns):
+    """A new source whose shipped demo profile (never edited here; made the active one) gains a flag
+    vLLM refuses: exit 29, and the installed demo.toml and the shipped record are as they were, so
+    the engine's next start (a kill -9 here) loads the profile that served, not the refused one."""
+    r = admin_json(ns, "PUT", "/admin/profile?wait=true", '{"name": "demo"}')
+    assert r.get("status") == "succeeded", r
+    ns.sh(f"rm -rf /tmp/src3b && cp -a {SRC} /tmp/src3b && sed -i "
+          "'s/^  \"--enable-auto-tool-choice\",$/  \"--enable-auto-tool-choice\", \"--systest-no-such-flag\",/' "
+          "/tmp/src3b/etc/profiles-cpu/demo.toml && grep -q systest-no-such-flag /tmp/src3b/etc/profiles-cpu/demo.toml")
+    files = "/etc/gptoss-spark/profiles/demo.toml /etc/gptoss-spark/.shipped.json"
+    before = ns.sh(f"sha256sum {files}").stdout
+    r = timed("install_refused_profile_s", ns, "/tmp/src3b/install.sh --cpu", check=False, timeout=1200)
+    assert r.returncode == 29, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "unrecognized arguments: --systest-no-such-flag" in r.stderr, r.stderr[-3000:]
+    assert "put back what this install had changed in the configuration: " in r.stderr, r.stderr[-3000:]
+    assert ns.sh(f"sha256sum {files}").stdout == before
+    ns.sh("test ! -e /etc/gptoss-spark/.install-undo.json")
+    eng = engine_pid(ns)
+    ns.sh(f"kill -9 {eng}")
+    wait_for(lambda: engine_pid(ns) not in (None, eng) and http_code(ns, f"{ADMIN}/admin/health") == "200",
+             300, "the engine to serve again after the kill")
+    assert "systest-no-such-flag" not in ns.sh(f"tr '\\0' ' ' < /proc/{engine_pid(ns)}/cmdline").stdout
 
 
 def test_upgrade_switches_the_unit_with_the_version(ns):

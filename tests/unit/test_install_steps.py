@@ -755,7 +755,7 @@ def test_checking_the_current_venvs_profiles_refuses_in_its_own_words(lay, src):
     with pytest.raises(InstallError) as e:
         validate.check_profiles(lay, lay.venvs_dir / "a", run=lambda argv: calls.append(argv) or 1, log=lambda _: None)
     assert e.value.exit_code == codes.EXIT_ARGS and "--all-profiles" in calls[0]
-    assert str(e.value).startswith("vLLM rejects") and "keeps the arguments it started with" in str(e.value)
+    assert str(e.value).startswith("vLLM rejects") and "the profile files are put back as they were, the running engine keeps its arguments" in str(e.value)
 
 
 def test_validate_keeps_an_engine_python_of_the_admins_own(lay, src):
