@@ -219,11 +219,18 @@ def render_ab(result: dict) -> str:
 
 def render_sweep(result: dict, json_path, csv_path, png_path) -> str:
     """`loadtest --sweep`: one row per concurrency, and where the files are."""
+    from .sweep import point_validity, sweep_warning
+
     lines = _header(result, "gptoss-spark loadtest --sweep")
-    headers = ["users", "aggregate tok/s", "per-user tok/s", "TTFT p50 s", "TTFT p95 s", "requests", "invalid"]
+    warning = sweep_warning(result)
+    if warning:
+        lines += [warning, ""]
+    headers = ["users", "aggregate tok/s", "per-user tok/s", "TTFT p50 s", "TTFT p95 s", "requests", "invalid", "note"]
     rows = [[str(p["concurrency"]), _f(p["aggregate_tok_s"]), _f(p["per_user_tok_s"]), _f(p["ttft_p50_s"], ".3f"),
-             _f(p["ttft_p95_s"], ".3f"), str(p["requests"]), str(p["invalid_requests"])] for p in result["points"]]
-    lines += _table(headers, rows, right=set(range(len(headers))))
+             _f(p["ttft_p95_s"], ".3f"), str(p["requests"]), str(p["invalid_requests"]),
+             "" if point_validity(p) == "valid" else point_validity(p).upper() + ": not a measurement"]
+            for p in result["points"]]
+    lines += _table(headers, rows, right=set(range(len(headers) - 1)))
     for p in result["points"]:
         for reason in p["invalid_reasons"]:
             lines.append(f"  {p['concurrency']} users: invalid: {reason}")
