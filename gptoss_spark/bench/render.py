@@ -195,8 +195,17 @@ def render_ab(result: dict) -> str:
         for kind in ("single", "load"):
             for bad in (run[kind] or {}).get("invalid", []):
                 problems.append(f"{n}: {kind} request #{bad['index'] + 1} invalid: {bad['reason']}")
+        repeat = run.get("repeat")
+        if repeat and repeat["switch"] and not repeat["switch"]["ok"]:
+            problems.append(f"{n}: second run: switch FAILED: {repeat['switch']['error']}")
+        elif repeat and repeat["error"]:
+            problems.append(f"{n}: second run: {repeat['error']}")
+        for kind in ("single", "load"):
+            for bad in ((repeat or {}).get(kind) or {}).get("invalid", []):
+                problems.append(f"{n}: second run: {kind} request #{bad['index'] + 1} invalid: {bad['reason']}")
     if problems:
         lines += ["", *problems]
+    lines += _noise_lines(base, result["recommendation"].get("noise"), s["users"])
     restored = result["restored"]
     lines.append("")
     if restored["ok"]:
@@ -215,6 +224,19 @@ def render_ab(result: dict) -> str:
                   *render_ranges(result["recommendation_by_load"])]
         lines.append(f"sweep curves: {result['files']['png']} (data: {result['files']['csv']})")
     return "\n".join(lines) + "\n"
+
+
+def _noise_lines(base: str, noise: dict | None, users: int) -> list[str]:
+    """The baseline's two runs and the spread they set: what a difference has to beat."""
+    if not noise:
+        return []
+    lines = ["", f"noise (the baseline {base} measured twice):"]
+    for kind, label in (("single", "single-stream decode median"), ("load", f"{users} users aggregate")):
+        n = noise[kind]
+        within = f", request-to-request {n['request_spread']:.1%}" if n.get("request_spread") is not None else ""
+        lines.append(f"  {label}: {_f(n['runs'][0])} then {_f(n['runs'][1])} tok/s, run-to-run "
+                     f"{n['run_to_run_spread']:.1%}{within}; a difference must exceed {n['noise']:.1%}")
+    return lines
 
 
 def render_sweep(result: dict, json_path, csv_path, png_path) -> str:
