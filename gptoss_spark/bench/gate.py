@@ -39,8 +39,8 @@ CONFIDENT_DIVERGENCES_ALLOWED = 1
 ACCURACY_TOLERANCE_ITEMS = 2
 
 GREEDY_MAX_TOKENS = 32
-EXACT_MAX_TOKENS = 256  # room for low-effort reasoning before the answer
-STRUCTURE_MAX_TOKENS = 512
+EXACT_MAX_TOKENS = 512  # room for low-effort reasoning before the answer: a cut answer is a structure failure
+STRUCTURE_MAX_TOKENS = 1024
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")
 
 GREEDY_PROMPTS = (
