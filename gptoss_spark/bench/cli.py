@@ -1,6 +1,6 @@
 """CLI: `gptoss-spark bench [compare A B | ab P1 P2 ... | arena]` and `gptoss-spark loadtest`.
 
-Exit codes: 0 every measured request valid (ab: and every profile measured,
+Exit codes: 0 every measured request valid (ab: and every profile and the baseline's second run measured,
 the service switched back); 1 some request invalid or a profile not measured
 (the result still prints, with each reason), or (ab) the admin API answered a
 state or operation this version does not know; 2 bad input; 69 endpoint
