@@ -17,6 +17,7 @@ the bench extra).
     arena     `bench arena`: the Spark Arena leaderboard's settings, judging llama-benchy's figures
     benchy    runs llama-benchy (the pinned PyPI package) for one point, offline
     benchy_main  llama-benchy's entry point with the API key from the environment
+    gate      the correctness gate for `tune`: a shipped prompt set, its recorder, the judge
     render    human tables and the TTY progress line
     seed      the seed project's published Spark figures (the seed's, not ours)
     cli       its commands: register(subparsers)

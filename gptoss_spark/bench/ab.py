@@ -7,7 +7,12 @@ also after a failed switch or run and on Ctrl-C, switch back to the profile
 that was active at the start. The profile active at the start is measured
 first when it is listed (one engine start fewer).
 
-The first profile named is the baseline; the recommendation follows RULE.
+The first profile named is the baseline, and it is measured twice: once in
+its turn and once more after the others (A B A; no extra switch when it is the
+active profile, which is restored last anyway). The two baseline runs give the
+run-to-run spread, each single-stream run's requests give that side's
+request-to-request spread, and a difference inside the larger of those (or of
+NOISE) never wins: the recommendation follows RULE.
 """
 
 from __future__ import annotations
@@ -27,15 +32,18 @@ from .load import RESULT_KIND_LOADTEST
 from .single import RESULT_KIND_BENCH, RESULT_SCHEMA
 
 RESULT_KIND_AB = "gptoss-spark.bench-ab"
-# A profile is recommended over the baseline when it is at least NOISE faster
-# on one of the two headline numbers and not more than NOISE slower on the other.
+# The least difference that can win, even when the measured spread is smaller: two runs that happen to agree
+# closely say little about a third.
 NOISE = 0.03
 SINGLE_METRIC = ("summary", "decode_tok_s", "median")
 LOAD_METRIC = ("summary", "aggregate_tok_s")
-RULE = (f"baseline = the first profile; headline numbers: single-stream decode tok/s (median) and N-user aggregate "
-        f"tok/s; a profile wins when one is at least {NOISE:.0%} higher and the other at most {NOISE:.0%} lower "
-        f"than the baseline's, all its requests valid (of several winners, the largest product of the two ratios); "
-        f"anything closer counts as noise")
+RULE = (f"baseline = the first profile, measured twice (before and after the others); headline numbers: "
+        f"single-stream decode tok/s (median) and N-user aggregate tok/s, the baseline's being the mean of its two "
+        f"runs; the noise of each is the largest of {NOISE:.0%}, the baseline's run-to-run spread (|run 1 - run 2| / "
+        f"their mean) and, single-stream, each side's request-to-request spread ((max - min) / median of its "
+        f"requests); a profile wins when one number is higher by more than its noise and the other not lower by "
+        f"more than its noise, all its requests valid (of several winners, the largest product of the two ratios); "
+        f"anything closer is no difference beyond the noise")
 # States the service stays in until told otherwise: a switch can be asked for.
 SETTLED_STATES = frozenset({State.READY, State.FAILED, State.STOPPED})
 
@@ -109,27 +117,41 @@ class Service:
 
 # ---- the comparison ---------------------------------------------------------------------------
 
+def _empty_run() -> dict:
+    return {"switch": None, "single": None, "load": None, "error": None}
+
+
 def run_ab(names: list[str], original: str, switch: Callable[[str], dict], measure: Callable[[str, dict], None],
-           say: Say) -> dict:
-    """Measure each profile; always switch back to `original`. Returns the runs, the restore and interruption.
+           say: Say, remeasure: Callable[[str, dict], None] | None = None) -> dict:
+    """Measure each profile, then the baseline once more; always switch back to `original`.
+    Returns the runs (the baseline's second run under runs[baseline]["repeat"]), the restore and interruption.
 
     measure(name, run) fills run["single"], run["load"] (and run["error"]) as each part ends, so a
-    failure in the second part keeps the first.
+    failure in the second part keeps the first. remeasure (default: measure) measures the baseline's repeat:
+    the headline numbers only, so a caller can leave out what the spread does not need (a sweep).
     """
-    runs: dict[str, dict] = {n: {"switch": None, "single": None, "load": None, "error": None} for n in names}
+    runs: dict[str, dict] = {n: _empty_run() for n in names}
     interrupted = False
+
+    def measure_into(name: str, run: dict, how: Callable[[str, dict], None]) -> None:
+        run["switch"] = switch(name)
+        if not run["switch"]["ok"]:
+            say(f"{name}: switch FAILED: {run['switch']['error']}")
+            return
+        try:
+            how(name, run)
+        except UserError as e:
+            run["error"] = str(e)
+            say(f"{name}: run FAILED: {e}")
+
     try:
         for name in measuring_order(names, original):
-            run = runs[name]
-            run["switch"] = switch(name)
-            if not run["switch"]["ok"]:
-                say(f"{name}: switch FAILED: {run['switch']['error']}")
-                continue
-            try:
-                measure(name, run)
-            except UserError as e:
-                run["error"] = str(e)
-                say(f"{name}: run FAILED: {e}")
+            measure_into(name, runs[name], measure)
+        base = names[0]
+        if _measured(runs[base]):
+            say(f"{base}: measured again for the run-to-run spread")
+            runs[base]["repeat"] = _empty_run()
+            measure_into(base, runs[base]["repeat"], remeasure or measure)
     except KeyboardInterrupt:
         interrupted = True
         say(f"interrupted: switching back to {original} (Ctrl-C again leaves the service where it is)")
@@ -160,6 +182,41 @@ def _all_valid(run: dict) -> bool:
     return all(run[k]["summary"]["invalid_requests"] == 0 for k in ("single", "load"))
 
 
+def _number(run: dict | None, kind: str, path: tuple[str, ...]) -> float | None:
+    v = dig(run[kind], path) if run and run.get(kind) else None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def spread(a: float | None, b: float | None) -> float | None:
+    """|a - b| over their mean: how far two runs of the same thing differ."""
+    if a is None or b is None or a + b <= 0:
+        return None
+    return abs(a - b) / ((a + b) / 2)
+
+
+def request_spread(single: dict | None) -> float | None:
+    """(max - min) / median of one single-stream run's per-request decode rates (None with fewer than 2)."""
+    d = dig(single or {}, ("summary", "decode_tok_s")) or {}
+    if (d.get("n") or 0) < 2 or not d.get("median") or d.get("max") is None or d.get("min") is None:
+        return None
+    return (d["max"] - d["min"]) / d["median"]
+
+
+def baseline_noise(base_run: dict) -> dict:
+    """The baseline's two runs: each headline number's mean, their run-to-run spread and the noise it sets."""
+    repeat = base_run.get("repeat")
+    out = {}
+    for kind, path in (("single", SINGLE_METRIC), ("load", LOAD_METRIC)):
+        first, second = _number(base_run, kind, path), _number(repeat, kind, path)
+        runs_spread = spread(first, second)
+        within = [x for x in (request_spread(base_run.get(kind)), request_spread((repeat or {}).get(kind)))
+                  if kind == "single" and x is not None]
+        out[kind] = {"runs": [first, second], "mean": None if runs_spread is None else (first + second) / 2,
+                     "run_to_run_spread": runs_spread, "request_spread": max(within, default=None),
+                     "noise": None if runs_spread is None else max(NOISE, runs_spread, *within)}
+    return out
+
+
 def ratios(base: dict, other: dict) -> tuple[float | None, float | None]:
     def ratio(path):
         a, b = dig(base, path), dig(other, path)
@@ -168,12 +225,20 @@ def ratios(base: dict, other: dict) -> tuple[float | None, float | None]:
 
 
 def recommend(names: list[str], runs: dict[str, dict], original: str, users: int) -> dict:
-    """RULE applied to the runs: {profile, switch, text}; profile None when there is no baseline to go by."""
+    """RULE applied to the runs: {profile, switch, text, noise}; profile None when there is no baseline to go by."""
     base = names[0]
     if not _measured(runs[base]) or not _all_valid(runs[base]):
         why = "was not measured" if not _measured(runs[base]) else "had invalid requests"
-        return {"profile": None, "switch": False,
+        return {"profile": None, "switch": False, "noise": None,
                 "text": f"no recommendation: the baseline {base} {why}; fix that and run again"}
+    repeat = runs[base].get("repeat")
+    if not repeat or not _measured(repeat) or not _all_valid(repeat):
+        why = "its second run was not measured" if not repeat or not _measured(repeat) else \
+            "its second run had invalid requests"
+        return {"profile": None, "switch": False, "noise": None,
+                "text": f"no recommendation: the baseline {base} was measured once ({why}), so the run-to-run "
+                        f"spread is unknown; run again"}
+    noise = baseline_noise(runs[base])
     winners, reasons = [], []
     for name in names[1:]:
         run = runs[name]
@@ -183,28 +248,36 @@ def recommend(names: list[str], runs: dict[str, dict], original: str, users: int
         if not _all_valid(run):
             reasons.append(f"{name} had invalid requests")
             continue
-        single, load = ratios(runs[base], run)
-        if single is None or load is None:
+        a_single, a_load = _number(run, "single", SINGLE_METRIC), _number(run, "load", LOAD_METRIC)
+        if a_single is None or a_load is None or not noise["single"]["mean"] or not noise["load"]["mean"]:
             reasons.append(f"{name} has no rate to compare")
             continue
+        single, load = a_single / noise["single"]["mean"], a_load / noise["load"]["mean"]
+        n_single = max(noise["single"]["noise"], request_spread(run["single"]) or 0.0)
+        n_load = noise["load"]["noise"]
         said = f"{name} is {single:.2f}x {base} single-stream and {load:.2f}x at {users} users"
         if (run["single"].get("speculation") or {}).get("pays") is False:
             said += f" (its speculation emits {run['single']['speculation']['tokens_per_step']:.2f} tokens per step: " \
                     "too few to pay on a Spark)"
-        if max(single, load) >= 1 + NOISE and min(single, load) >= 1 - NOISE:
-            winners.append((single * load, name, said))
-        elif min(single, load) < 1 - NOISE:
-            reasons.append(f"{said} (slower by more than {NOISE:.0%})")
+        faster = single > 1 + n_single or load > 1 + n_load
+        slower = single < 1 - n_single or load < 1 - n_load
+        if faster and not slower:
+            winners.append((single * load, name, f"{said}, beyond the noise (spread {n_single:.1%} single-stream, "
+                                                  f"{n_load:.1%} at {users} users)"))
+        elif slower:
+            reasons.append(f"{said} (slower beyond the noise: spread {n_single:.1%} single-stream, "
+                           f"{n_load:.1%} at {users} users)")
         else:
-            reasons.append(f"{said} (within {NOISE:.0%}: noise)")
+            reasons.append(f"{said}: no difference beyond the noise (spread {n_single:.1%} single-stream, "
+                           f"{n_load:.1%} at {users} users)")
     if winners:
         _, best, said = max(winners)
-        return {"profile": best, "switch": best != original, "text": f"{said}: {_action(best, original)}"}
+        return {"profile": best, "switch": best != original, "noise": noise, "text": f"{said}: {_action(best, original)}"}
     lead = f"keep {base}" if base == original else f"use {base}"
     text = f"{lead}: " + "; ".join(reasons)
     if base != original:
         text += f"; {_action(base, original)}"
-    return {"profile": base, "switch": base != original, "text": text}
+    return {"profile": base, "switch": base != original, "noise": noise, "text": text}
 
 
 def _action(name: str, original: str) -> str:

@@ -195,8 +195,17 @@ def render_ab(result: dict) -> str:
         for kind in ("single", "load"):
             for bad in (run[kind] or {}).get("invalid", []):
                 problems.append(f"{n}: {kind} request #{bad['index'] + 1} invalid: {bad['reason']}")
+        repeat = run.get("repeat")
+        if repeat and repeat["switch"] and not repeat["switch"]["ok"]:
+            problems.append(f"{n}: second run: switch FAILED: {repeat['switch']['error']}")
+        elif repeat and repeat["error"]:
+            problems.append(f"{n}: second run: {repeat['error']}")
+        for kind in ("single", "load"):
+            for bad in ((repeat or {}).get(kind) or {}).get("invalid", []):
+                problems.append(f"{n}: second run: {kind} request #{bad['index'] + 1} invalid: {bad['reason']}")
     if problems:
         lines += ["", *problems]
+    lines += _noise_lines(base, result["recommendation"].get("noise"), s["users"])
     restored = result["restored"]
     lines.append("")
     if restored["ok"]:
@@ -217,13 +226,33 @@ def render_ab(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _noise_lines(base: str, noise: dict | None, users: int) -> list[str]:
+    """The baseline's two runs and the spread they set: what a difference has to beat."""
+    if not noise:
+        return []
+    lines = ["", f"noise (the baseline {base} measured twice):"]
+    for kind, label in (("single", "single-stream decode median"), ("load", f"{users} users aggregate")):
+        n = noise[kind]
+        within = f", request-to-request {n['request_spread']:.1%}" if n.get("request_spread") is not None else ""
+        lines.append(f"  {label}: {_f(n['runs'][0])} then {_f(n['runs'][1])} tok/s, run-to-run "
+                     f"{n['run_to_run_spread']:.1%}{within}; a difference must exceed {n['noise']:.1%}")
+    return lines
+
+
 def render_sweep(result: dict, json_path, csv_path, png_path) -> str:
     """`loadtest --sweep`: one row per concurrency, and where the files are."""
+    from .sweep import point_validity, sweep_warning
+
     lines = _header(result, "gptoss-spark loadtest --sweep")
-    headers = ["users", "aggregate tok/s", "per-user tok/s", "TTFT p50 s", "TTFT p95 s", "requests", "invalid"]
+    warning = sweep_warning(result)
+    if warning:
+        lines += [warning, ""]
+    headers = ["users", "aggregate tok/s", "per-user tok/s", "TTFT p50 s", "TTFT p95 s", "requests", "invalid", "note"]
     rows = [[str(p["concurrency"]), _f(p["aggregate_tok_s"]), _f(p["per_user_tok_s"]), _f(p["ttft_p50_s"], ".3f"),
-             _f(p["ttft_p95_s"], ".3f"), str(p["requests"]), str(p["invalid_requests"])] for p in result["points"]]
-    lines += _table(headers, rows, right=set(range(len(headers))))
+             _f(p["ttft_p95_s"], ".3f"), str(p["requests"]), str(p["invalid_requests"]),
+             "" if point_validity(p) == "valid" else point_validity(p).upper() + ": not a measurement"]
+            for p in result["points"]]
+    lines += _table(headers, rows, right=set(range(len(headers) - 1)))
     for p in result["points"]:
         for reason in p["invalid_reasons"]:
             lines.append(f"  {p['concurrency']} users: invalid: {reason}")

@@ -207,7 +207,7 @@ async def send_streamed(
             record.http_status = resp.status_code
             if resp.status_code >= 400:
                 body = (await resp.aread()).decode("utf-8", "replace")
-                record.error = f"HTTP {resp.status_code}: {_error_message(body)}"
+                record.error = f"HTTP {resp.status_code}: {error_message(body)}"
             else:
                 async for line in resp.aiter_lines():
                     reader.feed(line, now())
@@ -226,7 +226,8 @@ async def send_streamed(
     return record
 
 
-def _error_message(body: str) -> str:
+def error_message(body: str) -> str:
+    """The server's message out of an error body (OpenAI's {"error": {"message"}} or plain text), cut to 200."""
     try:
         obj = json.loads(body)
     except json.JSONDecodeError:

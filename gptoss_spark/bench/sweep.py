@@ -126,6 +126,29 @@ def run_sweep(target: Target, spec: RequestSpec, prompts: list[Prompt], prompts_
     }
 
 
+ONE_CHUNK_HINT = ("every request arrived as one chunk, so per-token timing is impossible: a random-weight model "
+                  "(the demo) answers chat this way; sweep it with --endpoint completions")
+
+
+def point_validity(point: dict) -> str:
+    """'valid', 'partly invalid' or 'all invalid': how far a point's figures can be trusted."""
+    if point["invalid_requests"] == 0:
+        return "valid"
+    return "all invalid" if point["valid_requests"] == 0 else "partly invalid"
+
+
+def sweep_warning(result: dict) -> str | None:
+    """The line a sweep must lead with when none of its requests was valid (None otherwise)."""
+    points = result.get("points") or []
+    total = sum(p["requests"] for p in points)
+    if not points or any(p["valid_requests"] for p in points):
+        return None
+    reasons = {r for p in points for r in p["invalid_reasons"]}
+    why = ONE_CHUNK_HINT if reasons and all("in one chunk" in r for r in reasons) else \
+        "reasons below each point"
+    return f"ALL {total} REQUESTS OF THIS SWEEP WERE INVALID: its figures are not measurements ({why})"
+
+
 def recommend_by_range(sweeps: dict[str, dict]) -> list[dict]:
     """Per concurrency, the profile with the highest aggregate tok/s (ties within TIE go to the better TTFT p95),
     merged into ranges of neighbouring concurrencies with the same winner.

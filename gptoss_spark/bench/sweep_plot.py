@@ -2,7 +2,9 @@
 
 The PNG has three panels against concurrency (log scale): aggregate tok/s,
 per-user tok/s (median decode rate), TTFT p50 (solid) and p95 (dashed); one
-line per profile. Drawn by matplotlib (the `bench` extra) on its Agg backend:
+line per profile. A point with invalid requests is drawn as a hollow red-edged
+"x" off the line (its figures are not measurements), and a profile whose every
+request was invalid says so in its legend entry and across the figure. Drawn by matplotlib (the `bench` extra) on its Agg backend:
 no display, no GUI toolkit, the same on a headless Spark.
 """
 
@@ -12,9 +14,10 @@ import csv
 from pathlib import Path
 
 from ..base.errors import UserError
+from .sweep import point_validity, sweep_warning
 
 CSV_FIELDS = ("profile", "concurrency", "requests", "valid_requests", "invalid_requests", "completion_tokens_total",
-              "makespan_s", "aggregate_tok_s", "per_user_tok_s", "ttft_p50_s", "ttft_p95_s", "observed_concurrency")
+              "makespan_s", "aggregate_tok_s", "per_user_tok_s", "ttft_p50_s", "ttft_p95_s", "observed_concurrency", "validity")
 
 
 def sibling_paths(out: Path) -> tuple[Path, Path, Path]:
@@ -30,7 +33,7 @@ def write_csv(sweeps: dict[str, dict], path: Path) -> None:
             w.writeheader()
             for name, res in sweeps.items():
                 for p in (res or {}).get("points", []):
-                    w.writerow({"profile": name, **p})
+                    w.writerow({"profile": name, **p, "validity": point_validity(p)})
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror}; pass --out with a writable path") from None
 
@@ -46,23 +49,30 @@ def draw_png(sweeps: dict[str, dict], path: Path, title: str) -> None:
 
     fig, (agg, user, ttft) = plt.subplots(1, 3, figsize=(16, 5), constrained_layout=True)
     ticks: set[int] = set()
-    for i, (name, res) in enumerate(sweeps.items()):
-        pts = [p for p in (res or {}).get("points", [])]
-        if not pts:
-            continue
+    for i, (name, series) in enumerate(plot_series(sweeps).items()):
         color = f"C{i % 10}"
-        xs = [p["concurrency"] for p in pts]
-        ticks.update(xs)
+        ticks.update(series["concurrencies"])
+        label = name + (" (ALL INVALID)" if series["all_invalid"] else "")
 
         def line(ax, key, **kw):
-            ys = [p[key] for p in pts]
-            ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
-                    marker="o", color=color, **kw)
+            good = [(x, y) for x, y in series["valid"][key] if y is not None]
+            bad = [(x, y) for x, y in series["invalid"][key] if y is not None]
+            ax.plot([x for x, _ in good], [y for _, y in good], marker="o", color=color, **kw)
+            if bad:  # off the line, so no curve is drawn through figures that are not measurements
+                ax.plot([x for x, _ in bad], [y for _, y in bad], linestyle="none", marker="x", markersize=9,
+                        markeredgecolor="red", color=color,
+                        label=f"{kw['label']}: invalid requests" if not good else None)
 
-        line(agg, "aggregate_tok_s", label=name)
-        line(user, "per_user_tok_s", label=name)
-        line(ttft, "ttft_p50_s", label=f"{name} p50")
-        line(ttft, "ttft_p95_s", linestyle="--", label=f"{name} p95")
+        line(agg, "aggregate_tok_s", label=label)
+        line(user, "per_user_tok_s", label=label)
+        line(ttft, "ttft_p50_s", label=f"{label} p50")
+        line(ttft, "ttft_p95_s", linestyle="--", label=f"{label} p95")
+    warnings = [w for w in (sweep_warning(r) for r in sweeps.values() if r) if w]
+    if any(s["invalid"]["aggregate_tok_s"] for s in plot_series(sweeps).values()):
+        title += "\nred x: a point with invalid requests (not a measurement)"
+    if warnings:
+        fig.text(0.5, 0.5, "ALL REQUESTS INVALID:\nnot measurements", ha="center", va="center", fontsize=28,
+                 color="red", alpha=0.5)
     for ax, label in ((agg, "aggregate tok/s"), (user, "per-user tok/s (median decode)"), (ttft, "TTFT (s)")):
         ax.set_xscale("log")
         ax.set_xticks(sorted(ticks) or [1])
@@ -79,6 +89,27 @@ def draw_png(sweeps: dict[str, dict], path: Path, title: str) -> None:
         raise UserError(f"cannot write {path}: {e.strerror}; pass --out with a writable path") from None
     finally:
         plt.close(fig)
+
+
+SERIES_KEYS = ("aggregate_tok_s", "per_user_tok_s", "ttft_p50_s", "ttft_p95_s")
+
+
+def plot_series(sweeps: dict[str, dict]) -> dict[str, dict]:
+    """What the PNG draws, per profile: (concurrency, value) pairs split into points whose requests were all
+    valid (on the line) and points with invalid ones (marked apart), and whether every request was invalid."""
+    out = {}
+    for name, res in sweeps.items():
+        pts = (res or {}).get("points", [])
+        if not pts:
+            continue
+        split = {"valid": {k: [] for k in SERIES_KEYS}, "invalid": {k: [] for k in SERIES_KEYS}}
+        for p in pts:
+            side = "valid" if point_validity(p) == "valid" else "invalid"
+            for k in SERIES_KEYS:
+                split[side][k].append((p["concurrency"], p[k]))
+        out[name] = {**split, "concurrencies": [p["concurrency"] for p in pts],
+                     "all_invalid": sweep_warning(res) is not None}
+    return out
 
 
 def plot_title(sweeps: dict[str, dict]) -> str:

@@ -4,11 +4,11 @@ One `bench ab demo demo-b demo-c needs-head --sweep 1,3` run for the module, thr
 CLI as a user runs it: three measured profiles (the issue's "bench ab over three
 profiles"), differing only in --max-num-seqs (4, 2, 1) so that each is cheap to
 start on CPU. Four engine starts in all: the service's (demo), the switches to
-demo-b and demo-c, the switch back to demo. demo is active, so it is measured
-first without a switch; needs-head's requirement is missing, so the service
-refuses that switch (422 unmet, no engine start) while it is on demo-c: the
-comparison goes on, and the switch back starts from demo-c, not from the
-original profile.
+demo-b and demo-c, the switch back to demo for the baseline's second run (the
+run-to-run spread), after which restoring demo needs no start. demo is active,
+so it is measured first without a switch; needs-head's requirement is missing,
+so the service refuses that switch (422 unmet, no engine start) while it is on
+demo-c: the comparison goes on, and the switch back starts from demo-c.
 
 Random weights: measured on /v1/completions with ignore_eos (one chunk per
 token). Speeds are printed, never asserted.
@@ -97,21 +97,26 @@ def test_one_recommendation_line_that_follows_the_rule(ab):
     _, r, res = ab
     rec = [line for line in r.stdout.splitlines() if line.startswith("recommendation: ")]
     assert len(rec) == 1, r.stdout
-    runs = res["runs"]
+    runs, noise = res["runs"], res["recommendation"]["noise"]
+    assert noise["single"]["runs"] == [runs["demo"]["single"]["summary"]["decode_tok_s"]["median"],
+                                       runs["demo"]["repeat"]["single"]["summary"]["decode_tok_s"]["median"]]
     stated, wins = {}, {}
     for name in ("demo-b", "demo-c"):
-        s = runs[name]["single"]["summary"]["decode_tok_s"]["median"] / \
-            runs["demo"]["single"]["summary"]["decode_tok_s"]["median"]
-        lo = runs[name]["load"]["summary"]["aggregate_tok_s"] / runs["demo"]["load"]["summary"]["aggregate_tok_s"]
+        s = runs[name]["single"]["summary"]["decode_tok_s"]["median"] / noise["single"]["mean"]
+        lo = runs[name]["load"]["summary"]["aggregate_tok_s"] / noise["load"]["mean"]
         stated[name] = f"{name} is {s:.2f}x demo single-stream and {lo:.2f}x at {USERS} users"
-        if max(s, lo) >= 1.03 and min(s, lo) >= 0.97:
+        d = runs[name]["single"]["summary"]["decode_tok_s"]
+        n_s = max(noise["single"]["noise"], (d["max"] - d["min"]) / d["median"])
+        n_l = noise["load"]["noise"]
+        if (s > 1 + n_s or lo > 1 + n_l) and s >= 1 - n_s and lo >= 1 - n_l:
             wins[name] = s * lo
     if wins:  # of several winners, the largest product of the two ratios
         best = max(wins, key=wins.get)
-        assert rec[0] == f"recommendation: {stated[best]}: switch with `sudo gptoss-spark profile {best}`"
+        assert rec[0].startswith(f"recommendation: {stated[best]}, beyond the noise (spread ")
+        assert rec[0].endswith(f": switch with `sudo gptoss-spark profile {best}`")
     else:
         assert rec[0].startswith("recommendation: keep demo: ")
-        assert all(f"{said} (" in rec[0] for said in stated.values()), rec[0]
+        assert all(said in rec[0] for said in stated.values()), rec[0]
         assert "needs-head was not measured" in rec[0]
     assert rec[0] == "recommendation: " + res["recommendation"]["text"]
 
@@ -128,14 +133,19 @@ def test_a_refused_switch_is_reported_and_the_others_still_measured(ab):
 def test_the_original_profile_serves_again(ab):
     svc, r, res = ab
     restored = res["restored"]
-    assert restored["profile"] == "demo" and restored["ok"] and not restored["noop"]
-    assert f"service back on demo (switched back in {restored['seconds']:.0f} s)" in r.stdout
+    # The baseline's second run switched back to demo already: restoring it is a no-op.
+    repeat = res["runs"]["demo"]["repeat"]
+    assert repeat["switch"]["ok"] and not repeat["switch"]["noop"] and repeat["error"] is None
+    assert repeat["single"]["host"]["active_profile"]["active"] == "demo" and "sweep" not in repeat
+    assert restored["profile"] == "demo" and restored["ok"] and restored["noop"]
+    assert "service back on demo\n" in r.stdout
     assert svc.admin.get("/admin/health").json() == {"status": "ok", "state": "ready", "profile": "demo"}
     status = svc.admin.get("/admin/status").json()
     argv = cmdline(status["engine_pid"])
     assert argv[argv.index("--max-num-seqs") + 1] == "4"
     assert json.loads(svc.state_file.read_text()) == {"active_profile": "demo", "last_good_profile": "demo"}
-    # Three switches ok (to demo-b, to demo-c, back to demo), the refused one never became an operation.
+    # Three switches ok (to demo-b, to demo-c, back to demo for its second run), the refused one never became
+    # an operation.
     metrics = svc.admin.get("/metrics").text
     assert 'gptoss_spark_profile_switches_total{outcome="ok"} 3.0' in metrics
     assert 'gptoss_spark_profile_switches_total{outcome="failed"} 0.0' in metrics

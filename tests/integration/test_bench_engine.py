@@ -182,3 +182,27 @@ def test_arena_runs_llama_benchy_offline_and_flags_one_chunk_decode(engine, caps
     table = render_arena(res)
     assert "INVALID: no decode interval" in table and "58.82" in table and "not a DGX Spark" in table
     print(f"\n[tiny CPU model, not a Spark] llama-benchy pp64: {s['prefill_tok_s']:.0f} tok/s (decode invalid)")
+
+
+def test_the_gate_records_the_set_and_judges_a_rerun_of_itself_alike(engine):
+    """bench/gate.py's recorder against the real engine: every item answered and parsed, greedy tokens with
+    their top-2 margins; the same engine twice agrees token for token. Random weights fail exact answers and
+    may fail structure, so only the greedy part's verdict is asserted here (the rest: test_bench_gate.py)."""
+    from gptoss_spark.bench.gate import gate_items, judge, record_gate
+    from gptoss_spark.bench.target import resolve_target
+
+    target = resolve_target(engine.base_url, None)
+    greedy_only = [i for i in gate_items() if i.part == "greedy"][:3]
+    chat = [i for i in gate_items() if i.part in ("tool", "content")]
+    first = record_gate(target, timeout=120, items=greedy_only + chat)
+    again = record_gate(target, timeout=120, items=greedy_only)
+    assert set(first["items"]) == {i.id for i in greedy_only + chat}
+    for item in greedy_only:
+        rec = first["items"][item.id]
+        assert rec["error"] is None and len(rec["tokens"]) == 32 and rec["tokens"][0].startswith("token_id:")
+        assert len(rec["top2_margins"]) == 32 and all(m is None or m >= 0 for m in rec["top2_margins"])
+    for item in chat:  # answered and parsed (the verdict on random weights is not the point)
+        assert first["items"][item.id]["error"] is None and first["items"][item.id]["finish_reason"]
+    reference = {**first, "items": {k: v for k, v in first["items"].items() if v["part"] == "greedy"}}
+    verdict = judge(reference, again)
+    assert verdict["greedy"]["token_agreement"] == 1.0 and verdict["verdict"] == "correct", verdict

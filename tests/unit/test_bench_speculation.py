@@ -37,8 +37,10 @@ def test_acceptance_over_the_run_and_whether_it_pays():
 
 
 def run(rate, spec=None, agg=100.0):
+    """One profile's runs; as the baseline, its second run (bench ab measures the baseline twice) is the same."""
     single = {"summary": {"invalid_requests": 0, "decode_tok_s": {"median": rate}}, "speculation": spec}
-    return {"single": single, "load": {"summary": {"invalid_requests": 0, "aggregate_tok_s": agg}}, "error": None}
+    load = {"summary": {"invalid_requests": 0, "aggregate_tok_s": agg}}
+    return {"single": single, "load": load, "error": None, "repeat": {"single": single, "load": load, "error": None}}
 
 
 def test_ab_names_speculation_that_is_accepted_too_rarely():

@@ -95,3 +95,62 @@ def test_loadtest_sweep_exit_code_follows_its_requests(capsys, tmp_path, plan, r
     if rc:
         assert res["points"][1]["invalid_reasons"] == ["HTTP 500: EngineCore died"]
     assert (tmp_path / "s.csv").exists() and (tmp_path / "s.png").exists()  # written either way
+
+
+# ---- invalid points are marked, and an all-invalid sweep says so first ------------------------
+
+ONE_CHUNK = ("all 37 tokens arrived in one chunk, so per-token timing is impossible "
+             "(random-weight models do this on chat; use --endpoint completions)")
+
+
+def recorded_chat_sweep_on_the_demo() -> dict:
+    """The shape `loadtest --sweep 1,2` on chat gives on the random-weight demo: every request one delta."""
+    res = sweep({1: (40.0, 0.9), 2: (70.0, 1.1)}, invalid_at=(1, 2))
+    for p in res["points"]:
+        p.update(valid_requests=0, invalid_requests=p["requests"], per_user_tok_s=None, invalid_reasons=[ONE_CHUNK])
+    res.update(kind="gptoss-spark.sweep", invalid_requests=3, target={"base_url": "http://127.0.0.1:8100",
+               "model": "gptoss"}, protocol={"endpoint": "chat", "max_tokens": 64, "temperature": 0.0,
+                                             "warmup": 0, "ignore_eos": False})
+    return res
+
+
+def test_an_all_invalid_sweep_leads_with_a_warning_and_marks_every_row():
+    from gptoss_spark.bench.render import render_sweep
+
+    text = render_sweep(recorded_chat_sweep_on_the_demo(), "s.json", "s.csv", "s.png").splitlines()
+    warning = next(i for i, x in enumerate(text) if x.startswith("ALL 3 REQUESTS OF THIS SWEEP WERE INVALID"))
+    table = next(i for i, x in enumerate(text) if x.startswith("users"))
+    assert warning < table and "--endpoint completions" in text[warning]
+    rows = [x for x in text[table + 1:table + 3]]
+    assert len(rows) == 2 and all(x.endswith("ALL INVALID: not a measurement") for x in rows)
+
+
+def test_a_partly_invalid_point_is_marked_and_a_valid_one_is_not():
+    from gptoss_spark.bench.render import render_sweep
+
+    res = sweep({1: (40.0, 0.9), 2: (70.0, 1.1)}, invalid_at=(2,))
+    for p in res["points"]:
+        p["invalid_reasons"] = ["HTTP 500: EngineCore died"] if p["invalid_requests"] else []
+    res.update(target={"base_url": "u", "model": "m"}, protocol={"endpoint": "completions", "max_tokens": 8,
+                                                                 "temperature": 0.0, "warmup": 0, "ignore_eos": True})
+    text = render_sweep(res, "s.json", "s.csv", "s.png")
+    assert "WERE INVALID" not in text
+    one, two = (next(x for x in text.splitlines() if x.split()[:1] == [c]) for c in ("1", "2"))
+    assert "invalid" not in one.lower() and two.endswith("PARTLY INVALID: not a measurement")
+
+
+def test_the_plot_keeps_invalid_points_off_the_line_and_the_csv_says_which(tmp_path):
+    pytest.importorskip("matplotlib")
+    from gptoss_spark.bench.sweep_plot import plot_series
+
+    sweeps = {"demo": recorded_chat_sweep_on_the_demo(), "b": sweep({1: (50.0, 0.5), 2: (90.0, 0.6)}, invalid_at=(2,))}
+    series = plot_series(sweeps)
+    assert series["demo"]["all_invalid"] and series["demo"]["valid"]["aggregate_tok_s"] == []
+    assert series["demo"]["invalid"]["aggregate_tok_s"] == [(1, 40.0), (2, 70.0)]
+    assert not series["b"]["all_invalid"]
+    assert series["b"]["valid"]["aggregate_tok_s"] == [(1, 50.0)] and series["b"]["invalid"]["aggregate_tok_s"] == [(2, 90.0)]
+    write_csv(sweeps, tmp_path / "s.csv")
+    assert [r["validity"] for r in csv.DictReader((tmp_path / "s.csv").open())] == \
+        ["all invalid", "all invalid", "valid", "partly invalid"]
+    draw_png(sweeps, tmp_path / "s.png", "test")  # draws with the marks and the banner
+    assert (tmp_path / "s.png").stat().st_size > 10_000
