@@ -17,11 +17,11 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..service.alert_kinds import GpuAlertKind
 from ..service.states import State
 from ..service.status import SupervisorStatus
 from ..service.gpu import THROTTLE_REASONS
 from ..service.telemetry import TelemetrySnapshot
-from ..service.throttle import KINDS
 
 PREFIX = "gptoss_spark"
 
@@ -145,15 +145,15 @@ def telemetry_metrics(t: TelemetrySnapshot) -> Iterator[Metric]:
                                    labels=["gpu", "kind"])
         going = set(t.episodes)
         for d in devices:
-            for kind in KINDS:
-                active.add_metric([str(d.index), kind], 1.0 if (kind, d.index) in going else 0.0)
+            for kind in GpuAlertKind:
+                active.add_metric([str(d.index), kind.value], 1.0 if (kind, d.index) in going else 0.0)
         yield active
     episodes = CounterMetricFamily(f"{PREFIX}_gpu_throttle_episodes",
                                    "Throttle episodes started (each alerted once where its kind is in gpu.alerts)",
                                    labels=["kind"])
     counts = dict(t.episodes_total)
-    for kind in KINDS:
-        episodes.add_metric([kind], counts.get(kind, 0))
+    for kind in GpuAlertKind:
+        episodes.add_metric([kind.value], counts.get(kind, 0))
     yield episodes
 
     m = t.memory

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -569,8 +568,3 @@ def write_lock(site_packages: Path, patches_dir: Path | None = None) -> str:
     (patches_dir / SERIES_NAME).write_text(json.dumps(lock, indent=2) + "\n")
     return (f"wrote {patches_dir / SERIES_NAME}: {len(lock['patches'])} patches, {len(lock['files'])} files, "
             f"vLLM {lock['vllm_version']}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from ..cli import main
-    sys.exit(main(["patches", *sys.argv[1:]]))

@@ -23,11 +23,11 @@ import time
 import httpx
 import structlog
 
+from .alert_kinds import AlertEvent
 from .config import AlertSettings
 
 log = structlog.get_logger("gptoss_spark.service.alerts")
 
-EVENTS = ("gave_up", "memory_guard", "wedged", "gpu_thermal", "gpu_power", "gpu_hw_slowdown", "gpu_clock_low")
 
 
 class Alerter:
@@ -52,7 +52,7 @@ class Alerter:
     def notify(self, event: str, state: str, profile: str | None, reason: str,
                figures: dict[str, object] | None = None) -> None:
         """Queue the alert and return at once (called from the supervisor's loop)."""
-        assert event in EVENTS, event
+        event = AlertEvent(event)  # a ValueError for a word outside the vocabulary
         if not self.enabled:
             return
         body = json.dumps(self.document(event, state, profile, reason, figures)).encode()

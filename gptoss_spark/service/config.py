@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationErro
 from ..base.errors import ConfigError
 from ..base.defaults import ADMIN_PORT, CLAIMS_DIR, CONFIG_ENV_VAR, DEFAULT_CONFIG_PATH, ENGINE_PORT, LOOPBACK, STATE_DIR
 from ..base.net import is_loopback
+from .alert_kinds import GpuAlertKind
 
 
 class _Section(BaseModel):
@@ -121,10 +122,6 @@ class AlertSettings(_Section):
     timeout: float = Field(10.0, gt=0, le=300)
 
 
-# throttle.KINDS, spelled here so the settings do not import NVML (tests/unit/test_config.py keeps them equal).
-GpuAlertKind = Literal["thermal", "power", "hw_slowdown", "low_clock"]
-
-
 class GpuSettings(_Section):
     """GPU and memory telemetry (service/telemetry.py), throttle alerts, and the optional clock cap."""
 
@@ -141,7 +138,7 @@ class GpuSettings(_Section):
     power_clock_fraction: float = Field(0.8, gt=0, le=1)
     # The episode kinds that send an alert (docs/OPERATIONS.md, "GPU throttling"); the others are
     # still tracked and shown in status and /metrics. [] = no GPU alerts.
-    alerts: list[GpuAlertKind] = ["thermal", "power", "hw_slowdown", "low_clock"]
+    alerts: list[GpuAlertKind] = list(GpuAlertKind)
     # Cap the SM clock (MHz) while the service runs, as owners do with `nvidia-smi -lgc` against
     # thermal shutdowns; applied before the engine starts, reset after it stops (docs/OPERATIONS.md,
     # "GPU clock cap"). 0 = off.

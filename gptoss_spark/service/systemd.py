@@ -29,7 +29,13 @@ class Notifier:
         # in "reloading" until READY=1 comes (systemd 252 too, once ExecReload has exited).
         self.reload_open = False
         if path:
-            # sdnotify reads NOTIFY_SOCKET at construction; give it ours just for that moment.
+            # sdnotify 0.3.2 (locks/) takes no socket path: SystemdNotifier() reads NOTIFY_SOCKET
+            # from os.environ in its constructor and keeps the connected socket. So the path goes
+            # back into the environment for exactly that call. The alternatives are worse: setting
+            # its `socket` attribute after the fact leans on an undocumented field, and our own
+            # datagram code would replace the pinned library rather than use it. The window is
+            # safe: the Notifier is built before the engine (or any thread) starts, and the
+            # environment is as it was before the call when it returns.
             saved = os.environ.get("NOTIFY_SOCKET")
             os.environ["NOTIFY_SOCKET"] = path
             try:

@@ -27,11 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Collection
 
+from .alert_kinds import AlertEvent, GpuAlertKind
 from .gpu import POWER, THERMAL, GpuDevice, GpuReading
 
-KINDS = ("thermal", "power", "hw_slowdown", "low_clock")  # gpu.alerts' vocabulary (config.GpuAlertKind)
-EVENT = {"thermal": "gpu_thermal", "power": "gpu_power", "hw_slowdown": "gpu_hw_slowdown",
-         "low_clock": "gpu_clock_low"}
 # Hardware slowdown reasons that name their cause: with one of these, hw_slowdown is that kind's.
 _EXPLAINED_HW = frozenset({"hw_thermal", "hw_power_brake"})
 
@@ -40,7 +38,7 @@ _EXPLAINED_HW = frozenset({"hw_thermal", "hw_power_brake"})
 class EpisodeChange:
     """An episode that started (alert it) or ended (log it)."""
 
-    kind: str
+    kind: GpuAlertKind
     device: int
     started: bool
     seconds: float       # how long the condition had held (started) or the episode lasted (ended)
@@ -49,8 +47,8 @@ class EpisodeChange:
     alert: bool = False  # a started episode of a kind in gpu.alerts: send the alert
 
     @property
-    def event(self) -> str:
-        return EVENT[self.kind]
+    def event(self) -> AlertEvent:
+        return self.kind.event
 
 
 @dataclass
@@ -86,16 +84,16 @@ def _describe(kind: str, d: GpuDevice, norm: float | None, seconds: float) -> st
 class ThrottleWatch:
     def __init__(self, alert_after: float, low_clock_fraction: float, cap_mhz: int = 0,
                  clock: Callable[[], float] = time.monotonic, power_clock_fraction: float = 0.8,
-                 alerts: Collection[str] = KINDS):
-        unknown = set(alerts) - set(KINDS)
+                 alerts: Collection[str] = tuple(GpuAlertKind)):
+        unknown = set(alerts) - set(GpuAlertKind)
         if unknown:  # config.py validates gpu.alerts; this guards a caller that bypasses it
-            raise ValueError(f"unknown throttle kinds {sorted(unknown)}: known are {', '.join(KINDS)}")
+            raise ValueError(f"unknown throttle kinds {sorted(unknown)}: known are {', '.join(GpuAlertKind)}")
         self.alert_after = alert_after
         self.low_clock_fraction = low_clock_fraction
         self.power_clock_fraction = power_clock_fraction
         self.cap_mhz = cap_mhz
         self.clock = clock
-        self.alerts = frozenset(alerts)
+        self.alerts = frozenset(GpuAlertKind(a) for a in alerts)
         self._tracks: dict[tuple[str, int], _Track] = {}
 
     def norm(self, d: GpuDevice) -> float | None:
@@ -134,7 +132,7 @@ class ThrottleWatch:
         now = self.clock()
         changes: list[EpisodeChange] = []
         for d in reading.devices:
-            for kind in KINDS:
+            for kind in GpuAlertKind:
                 t = self._tracks.setdefault((kind, d.index), _Track())
                 if self._holds(kind, d, generating):
                     t.clear_since = None

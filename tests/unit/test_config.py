@@ -226,9 +226,9 @@ def test_shipped_profiles_load_and_spec_requires_eagle3(tmp_path, monkeypatch):
 
 
 def test_gpu_alerts_default_to_every_throttle_kind_and_may_be_narrowed(tmp_path):
-    from gptoss_spark.service.throttle import KINDS
+    from gptoss_spark.service.alert_kinds import GpuAlertKind
 
-    assert tuple(load_settings(tmp_path / "none.toml", must_exist=False).gpu.alerts) == KINDS
+    assert tuple(load_settings(tmp_path / "none.toml", must_exist=False).gpu.alerts) == tuple(GpuAlertKind)
     cfg = write(tmp_path / "gs.toml", '[gpu]\nalerts = ["thermal", "hw_slowdown"]\npower_clock_fraction = 1\n')
     gpu = load_settings(cfg).gpu
     assert gpu.alerts == ["thermal", "hw_slowdown"] and gpu.power_clock_fraction == 1.0

@@ -16,7 +16,8 @@ from gptoss_spark.service.gpu import GpuDevice, GpuReading
 from gptoss_spark.service.hostmem import HostMemory
 from gptoss_spark.service.probes import GENERATED, RUNNING
 from gptoss_spark.service.telemetry import SampleContext, TelemetrySampler
-from gptoss_spark.service.throttle import KINDS, ThrottleWatch
+from gptoss_spark.service.alert_kinds import AlertEvent, GpuAlertKind
+from gptoss_spark.service.throttle import ThrottleWatch
 
 
 class Clock:
@@ -224,4 +225,10 @@ def test_kinds_left_out_of_alerts_are_tracked_but_send_nothing():
 def test_an_unknown_alert_kind_is_refused():
     with pytest.raises(ValueError, match=r"unknown throttle kinds \['clock_low'\]: known are thermal, power"):
         ThrottleWatch(60, 0.5, alerts=["thermal", "clock_low"])
-    assert KINDS == ("thermal", "power", "hw_slowdown", "low_clock")
+    assert tuple(GpuAlertKind) == ("thermal", "power", "hw_slowdown", "low_clock")
+
+
+def test_each_gpu_kind_names_its_own_alert_event():
+    events = [k.event for k in GpuAlertKind]
+    assert events == ["gpu_thermal", "gpu_power", "gpu_hw_slowdown", "gpu_clock_low"]
+    assert all(isinstance(e, AlertEvent) for e in events) and len(set(events)) == len(events)
