@@ -75,10 +75,8 @@ def cmd_pull(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    if args.target in CATALOG:
-        directory = dir_for(CATALOG[args.target], _settings(args))
-    else:
-        directory = Path(args.target)
+    by_name = args.target in CATALOG
+    directory = dir_for(CATALOG[args.target], _settings(args)) if by_name else Path(args.target)
     if not directory.is_dir():
         raise UserError(f"no checkpoint directory at {directory}; `gptoss-spark model list` shows where they are")
     manifest = read_manifest(directory)
@@ -91,8 +89,11 @@ def cmd_verify(args) -> int:
     for p in problems:
         print(f"  CORRUPT {p.line()}")
     if problems:
-        print(f"{len(problems)} of {len(manifest.files)} files differ from the manifest; pull the checkpoint "
-              f"again (move {directory} away first)", file=sys.stderr)
+        # The manifest's own revision, so the repair fetches what it lists even after the hub moved on.
+        where = "" if by_name else f" --dir {directory.absolute()}"
+        print(f"{len(problems)} of {len(manifest.files)} files differ from the manifest; to fetch only those again "
+              f"(the others are kept): gptoss-spark model pull {manifest.name}{where} --revision {manifest.revision}",
+              file=sys.stderr)
         return EXIT_MODEL_CORRUPT
     print(f"ok: every file matches the manifest (sha256)")
     return 0

@@ -166,6 +166,47 @@ def test_verify_names_a_flipped_byte_without_the_network(hub, tmp_path, capsys):
     assert "1 of 5 files differ from the manifest" in out.err
 
 
+def test_pull_repairs_exactly_the_corrupt_file_in_place(hub, tmp_path, capsys):
+    """verify names the flipped byte and the command that repairs it; that pull re-hashes what is there,
+    fetches only the bad shard again and renames it over the bad one: the others keep bytes and mtimes."""
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    others = {p: ((dest / p).read_bytes(), (dest / p).stat().st_mtime_ns)
+              for p in ("config.json", "tokenizer_config.json", ".gitattributes", SHARDS[0], MANIFEST_NAME)}
+    shard = dest / SHARDS[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["model", "verify", str(dest)]) == EXIT_MODEL_CORRUPT
+    advice = capsys.readouterr().err.strip().splitlines()[-1]
+    repair = f"gptoss-spark model pull gpt-oss-20b --dir {dest} --revision {hub.commit}"
+    assert advice.endswith(repair), advice
+    gets = {p: len(hub.gets(p)) for p in (*SHARDS, "config.json")}
+    lines: list[str] = []
+    assert main(repair.split()[1:] + ["--endpoint", hub.url]) == 0
+    result = pull(ENTRY, dest, endpoint=hub.url, out=lines.append)  # and the next pull finds nothing to do
+    assert result.already and result.fetched == () and "every file matches the manifest" in lines[-1]
+    assert len(hub.gets(SHARDS[1])) == gets[SHARDS[1]] + 1  # fetched again once
+    assert len(hub.gets(SHARDS[0])) == gets[SHARDS[0]] and len(hub.gets("config.json")) == gets["config.json"]
+    assert shard.read_bytes() == hub.repos[ENTRY.repo_id][SHARDS[1]].data
+    assert {p: ((dest / p).read_bytes(), (dest / p).stat().st_mtime_ns) for p in others} == others
+    assert not staging_dir(dest).exists()
+    assert main(["model", "verify", str(dest)]) == 0
+
+
+def test_a_repair_reports_what_it_replaced(hub, tmp_path):
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    (dest / "config.json").unlink()          # gone
+    (dest / SHARDS[0]).write_bytes(b"x")     # truncated
+    lines: list[str] = []
+    result = pull(ENTRY, dest, endpoint=hub.url, out=lines.append)
+    assert set(result.repaired) == {"config.json", SHARDS[0]} and not result.already
+    assert any(ln.startswith("gpt-oss-20b: 2 of 5 files differ; fetching them again") for ln in lines), lines
+    assert main(["model", "verify", str(dest)]) == 0
+
+
 def test_an_unknown_repository_is_one_line_and_fetches_nothing(hub, tmp_path, capsys):
     missing = CATALOG["gpt-oss-120b"]  # not on this hub
     with pytest.raises(FetchError, match=r"^could not list openai/gpt-oss-120b@main on http://127\.0\.0\.1:\d+: "
