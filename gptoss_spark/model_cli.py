@@ -70,8 +70,14 @@ def cmd_pull(args) -> int:
     entry = checkpoint(args.name)
     dest = (args.dir or dir_for(entry, _settings(args))).absolute()
     pull(entry, dest, revision=args.revision, endpoint=args.endpoint,
-         owner=args.owner if args.owner is not None else _default_owner())
+         owner=args.owner if args.owner is not None else _default_owner(), out=_say)
     return 0
+
+
+def _say(line: str) -> None:
+    # Flushed: under the installer's tee or journald stdout is a pipe, and a block-buffered line of
+    # a pull that runs for minutes would arrive only at its end.
+    print(line, flush=True)
 
 
 def cmd_verify(args) -> int:

@@ -16,6 +16,8 @@ by a killed process is deleted, not resumed, and content is only checked for its
   an LFS file, the git blob sha1 of a small one); a file that differs is deleted and the pull stops;
 - free space is checked before anything is fetched, against what is still missing;
 - the whole revision is pinned: the listing's commit is what every file is fetched at;
+- progress within a file: huggingface_hub's bars on a terminal, else bounded-rate lines
+  (pull_progress.py: tqdm draws nothing when stderr is not a terminal, e.g. the installer's log);
 - a destination that already holds the revision is re-hashed against its manifest, and only the
   files that differ (or are gone) are fetched again, staged and verified, then each renamed over
   the bad one: the good files keep their bytes and mtimes (a repair in place, as `ollama pull` does).
@@ -39,6 +41,7 @@ from ..base.fsutil import read_json, write_atomic
 from .catalog import Checkpoint
 from .hashing import digests
 from .manifest import MANIFEST_NAME, Manifest, read_manifest, verify, write_manifest
+from .pull_progress import progress_for
 
 PROGRESS_NAME = ".gptoss-spark-pull.json"
 HF_METADATA_DIR = Path(".cache") / "huggingface"  # what hf_hub_download(local_dir=...) keeps beside the files
@@ -181,12 +184,15 @@ class PullResult:
 
 def pull(entry: Checkpoint, dest: Path, *, revision: str = "main", endpoint: str | None = None,
          owner: str | None = None, out: Callable[[str], None] = print,
-         free_bytes: Callable[[Path], int] = disk_free) -> PullResult:
+         free_bytes: Callable[[Path], int] = disk_free,
+         bars: Callable[[str], type | None] | None = None) -> PullResult:
+    """bars: the tqdm_class to fetch a file with, by its name (pull_progress.progress_for by default)."""
+    bars = bars or progress_for(out=out)
     listing = list_remote(entry, revision, endpoint)
     existing = _check_destination(entry, dest, listing)
     if existing is not None:
         return _check_and_repair(entry, dest, existing, listing, endpoint=endpoint, owner=owner, out=out,
-                                 free_bytes=free_bytes)
+                                 free_bytes=free_bytes, bars=bars)
 
     staging = staging_dir(dest)
     progress = _stage(entry, staging, listing, listing.files, dest, out, free_bytes)
@@ -194,7 +200,7 @@ def pull(entry: Checkpoint, dest: Path, *, revision: str = "main", endpoint: str
     out(f"{entry.name}: {entry.repo_id}@{listing.commit[:12]}, {len(listing.files)} files, "
         f"{size_text(listing.total_bytes)}" + (f"; {done} already verified, {size_text(progress.need)} to fetch"
                                                if done else "") + f" -> {dest}")
-    _fetch_missing(entry, listing, progress, staging, endpoint, out, done, len(listing.files))
+    _fetch_missing(entry, listing, progress, staging, endpoint, out, bars, done, len(listing.files))
     manifest = Manifest(entry.name, entry.repo_id, listing.commit, endpoint or _default_endpoint(),
                         dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                         {rel: {"size": rec["size"], "sha256": rec["sha256"], "hub": rec["hub"]}
@@ -224,16 +230,16 @@ def _stage(entry: Checkpoint, staging: Path, listing: Listing, wanted: Iterable[
 
 
 def _fetch_missing(entry: Checkpoint, listing: Listing, progress: _Progress, staging: Path, endpoint: str | None,
-                   out: Callable[[str], None], done: int, total: int) -> None:
+                   out: Callable[[str], None], bars: Callable[[str], type | None], done: int, total: int) -> None:
     for i, f in enumerate(progress.missing, done + 1):
         out(f"[{i}/{total}] {f.path} ({size_text(f.size)})")
-        _fetch(entry, f, listing.commit, staging, endpoint)
+        _fetch(entry, f, listing.commit, staging, endpoint, bars(f.path))
         progress.add(f.path, f.size, _verify_fetched(entry, f, staging), f.hub_hash)
 
 
 def _check_and_repair(entry: Checkpoint, dest: Path, manifest: Manifest, listing: Listing, *,
                       endpoint: str | None, owner: str | None, out: Callable[[str], None],
-                      free_bytes: Callable[[Path], int]) -> PullResult:
+                      free_bytes: Callable[[Path], int], bars: Callable[[str], type | None]) -> PullResult:
     """dest already holds this revision: re-hash every file against its manifest and fetch again only
     those that differ or are gone (as `ollama pull` does), each staged, verified against the hub, then
     renamed over the bad one; the good files are not touched."""
@@ -251,7 +257,7 @@ def _check_and_repair(entry: Checkpoint, dest: Path, manifest: Manifest, listing
     progress = _stage(entry, staging, listing, wanted, dest, out, free_bytes)
     out(f"{entry.name}: {len(bad)} of {len(manifest.files)} files differ; fetching them again "
         f"({size_text(progress.need)}), the other {len(manifest.files) - len(bad)} are kept")
-    _fetch_missing(entry, listing, progress, staging, endpoint, out, 0, len(wanted))
+    _fetch_missing(entry, listing, progress, staging, endpoint, out, bars, 0, len(wanted))
     for f in wanted:
         if progress.verified[f.path]["sha256"] != manifest.files[f.path]["sha256"]:
             raise CorruptError(f"{entry.name}: {f.path} from the hub has sha256 {progress.verified[f.path]['sha256']}, "
@@ -296,11 +302,13 @@ def _drop_partial_downloads(staging: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def _fetch(entry: Checkpoint, f: RemoteFile, commit: str, staging: Path, endpoint: str | None) -> None:
+def _fetch(entry: Checkpoint, f: RemoteFile, commit: str, staging: Path, endpoint: str | None,
+           tqdm_class: type | None) -> None:
     from huggingface_hub import hf_hub_download
 
     try:
-        hf_hub_download(entry.repo_id, f.path, revision=commit, local_dir=staging, endpoint=endpoint)
+        hf_hub_download(entry.repo_id, f.path, revision=commit, local_dir=staging, endpoint=endpoint,
+                        tqdm_class=tqdm_class)
     except _hub_errors() as e:
         raise FetchError(f"{entry.name}: fetching {f.path} failed: {_first_line(e)}; run the pull again "
                          f"(verified files are kept in {staging})") from None
