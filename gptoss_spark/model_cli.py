@@ -53,7 +53,7 @@ def _settings(args) -> Settings:
 
 
 def dir_for(entry: Checkpoint, settings: Settings) -> Path:
-    return default_dir(entry, settings.model.dir, settings.model.eagle3_dir)
+    return default_dir(entry, settings.model.dir, settings.model.eagle3_dir, settings.model.eagle3_20b_dir)
 
 
 def _default_owner() -> str | None:
@@ -118,8 +118,9 @@ def _profiles_using(entry: Checkpoint, settings: Settings) -> list[str]:
         return []
     if entry.kind == "model":
         return sorted(n for n, p in profiles.items() if p.model == entry.name)
+    placeholder = "{eagle3_20b_dir}" if entry.serves == "gpt-oss-20b" else "{eagle3_dir}"
     return sorted(n for n, p in profiles.items() if p.model == entry.serves
-                  and any("{eagle3_dir}" in a for a in (*p.args, *p.required_paths)))
+                  and any(placeholder in a for a in (*p.args, *p.required_paths)))
 
 
 def cmd_list(args) -> int:
