@@ -33,7 +33,7 @@ Usage: sudo $0 [options]
   --dry-run                print what would be done, change nothing
   --rollback               switch back to the previous version and restart
   --uninstall [--purge]    remove the service, its code and its user; --purge also
-                           removes /etc/gptoss-spark and $STATE_DIR
+                           removes /etc/gptoss-spark, $STATE_DIR and the install log
   --pull-model             fetch gpt-oss-120b into model.dir if it is missing (~65 GB, resumable,
                            hash-checked: gptoss-spark model pull); without it a terminal is asked
   --python PATH            interpreter for the service's venv (default /usr/bin/python3)

@@ -46,13 +46,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     profiles = load_profiles(settings)
     if args.all_profiles:
         return _check_all(settings, profiles)
-    name = args.profile or StateStore(settings.state_file).load().active_profile or settings.default_profile
+    active = StateStore(settings.state_file).load().active_profile
+    name = args.profile or active or settings.default_profile
     profile = get_profile(profiles, name, settings)
     profile.check_requirements(settings)
     check_api_access(settings)
-    # Every installed profile's arguments (a switch to any of them must not be the first to find a bad
-    # flag), unless one was named; one vLLM import per interpreter and environment (argcheck.py).
-    checked = {name: profile} if args.profile else profiles
+    # What was asked: --profile NAME, that one; --config FILE, the profiles FILE serves (the active
+    # one and default_profile: an instance's file shares profile_dirs with the default service, whose
+    # other profiles are not its business); neither, the default service's check: every installed
+    # profile (a switch to any of them must not be the first to find a bad flag). One vLLM import
+    # per interpreter and environment (argcheck.py).
+    if args.profile:
+        checked = {name: profile}
+    elif args.config:
+        checked = {n: get_profile(profiles, n, settings) for n in dict.fromkeys((name, settings.default_profile))}
+    else:
+        checked = profiles
     results = asyncio.run(profiles_rejected(settings, checked))
     verdict, line = results[name]
     if verdict == "unchecked":
@@ -70,6 +79,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     others = f"; vLLM accepts the arguments of all {len(checked)}" if len(checked) > 1 else ""
     print(f"ok: {settings.source}, {len(profiles)} profile(s) ({', '.join(sorted(profiles))}); "
           f"profile {name} can start (vLLM accepts its engine arguments){others}")
+    if len(checked) < len(profiles) and not args.profile:
+        print(f"  not checked: {', '.join(sorted(set(profiles) - set(checked)))} (not served by "
+              f"{settings.source}; --all-profiles checks every profile)")
     if settings.cluster is not None:
         from .service.cluster import check_peer
 

@@ -131,13 +131,16 @@ def check_draft_head(settings: Settings, profile: Profile | None) -> list[Findin
         return []
     from .draft.aux_layers import check_aux_layers, read_target
     from .draft.head import open_head
+    # The profile's own head: spec-20b drafts with the 20b's (model.eagle3_20b_dir).
+    head_dir = (settings.model.eagle3_20b_dir if any("{eagle3_20b_dir}" in a for a in profile.args)
+                else settings.model.eagle3_dir)
     try:
-        head = open_head(settings.model.eagle3_dir)
+        head = open_head(head_dir)
         report, problems = check_aux_layers(head, read_target(settings.model.dir))
     except (UserError, OSError, ValueError) as e:
-        return [Finding("draft", FAIL, f"{settings.model.eagle3_dir}: {e}")]
+        return [Finding("draft", FAIL, f"{head_dir}: {e}")]
     if problems:
-        return [Finding("draft", FAIL, f"{settings.model.eagle3_dir}: {'; '.join(problems)}")]
+        return [Finding("draft", FAIL, f"{head_dir}: {'; '.join(problems)}")]
     return [Finding("draft", OK, f"Eagle3 head taps target layers {report.get('aux_layer_ids')}, "
                                  f"fc takes {report.get('fc_in_features')} inputs")]
 

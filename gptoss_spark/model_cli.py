@@ -53,7 +53,7 @@ def _settings(args) -> Settings:
 
 
 def dir_for(entry: Checkpoint, settings: Settings) -> Path:
-    return default_dir(entry, settings.model.dir, settings.model.eagle3_dir)
+    return default_dir(entry, settings.model.dir, settings.model.eagle3_dir, settings.model.eagle3_20b_dir)
 
 
 def _default_owner() -> str | None:
@@ -70,15 +70,19 @@ def cmd_pull(args) -> int:
     entry = checkpoint(args.name)
     dest = (args.dir or dir_for(entry, _settings(args))).absolute()
     pull(entry, dest, revision=args.revision, endpoint=args.endpoint,
-         owner=args.owner if args.owner is not None else _default_owner())
+         owner=args.owner if args.owner is not None else _default_owner(), out=_say)
     return 0
 
 
+def _say(line: str) -> None:
+    # Flushed: under the installer's tee or journald stdout is a pipe, and a block-buffered line of
+    # a pull that runs for minutes would arrive only at its end.
+    print(line, flush=True)
+
+
 def cmd_verify(args) -> int:
-    if args.target in CATALOG:
-        directory = dir_for(CATALOG[args.target], _settings(args))
-    else:
-        directory = Path(args.target)
+    by_name = args.target in CATALOG
+    directory = dir_for(CATALOG[args.target], _settings(args)) if by_name else Path(args.target)
     if not directory.is_dir():
         raise UserError(f"no checkpoint directory at {directory}; `gptoss-spark model list` shows where they are")
     manifest = read_manifest(directory)
@@ -91,8 +95,11 @@ def cmd_verify(args) -> int:
     for p in problems:
         print(f"  CORRUPT {p.line()}")
     if problems:
-        print(f"{len(problems)} of {len(manifest.files)} files differ from the manifest; pull the checkpoint "
-              f"again (move {directory} away first)", file=sys.stderr)
+        # The manifest's own revision, so the repair fetches what it lists even after the hub moved on.
+        where = "" if by_name else f" --dir {directory.absolute()}"
+        print(f"{len(problems)} of {len(manifest.files)} files differ from the manifest; to fetch only those again "
+              f"(the others are kept): gptoss-spark model pull {manifest.name}{where} --revision {manifest.revision}",
+              file=sys.stderr)
         return EXIT_MODEL_CORRUPT
     print(f"ok: every file matches the manifest (sha256)")
     return 0
@@ -111,8 +118,9 @@ def _profiles_using(entry: Checkpoint, settings: Settings) -> list[str]:
         return []
     if entry.kind == "model":
         return sorted(n for n, p in profiles.items() if p.model == entry.name)
+    placeholder = "{eagle3_20b_dir}" if entry.serves == "gpt-oss-20b" else "{eagle3_dir}"
     return sorted(n for n, p in profiles.items() if p.model == entry.serves
-                  and any("{eagle3_dir}" in a for a in (*p.args, *p.required_paths)))
+                  and any(placeholder in a for a in (*p.args, *p.required_paths)))
 
 
 def cmd_list(args) -> int:

@@ -7,7 +7,9 @@ Keyed by the path under /etc/gptoss-spark; placement.Shipped upgrades a file wit
 DIGESTS: dict[str, frozenset[str]] = {
     "gptoss-spark.toml": frozenset({
         "132d5d6aab0c3259844d5dfe1215e6593b83c7db48b30eb7c01fe958f2a0a885",
+        "1b0ae303733384898dc4ba8188165941d2823622c5528eb1af8c2de95e5fe9de",
         "2027b10b4deba8a63f7e2f73163147e4db354dfa11ba3dad4208970844a7adc9",
+        "37366d330a771040a82af32fef9adebf0b4bd2c41b2ddfe85bcaaecb20d491a6",
         "3e1bd4daf7739dedc7f0f9edbcce0d1742264ecd124364dae9299d5740ea4790",
         "400c29faf45f213bb97e5d541d83e4aa0b13612fe7aaf572edf9666159931f86",
         "4efd661b5b4eab8bac0e7c52340cf3b99b60df55f522abc1559d1e03e2fa4bd5",
@@ -65,6 +67,7 @@ DIGESTS: dict[str, frozenset[str]] = {
     }),
     "profiles/spec-20b.toml": frozenset({
         "979ced4614f49497a5dd324fda24b56c2cd623867238f926e33f86ef614aab56",
+        "af8cde1a2597ac29e3388a497c6e3b820a4f5f46b8896ba821b6ca567391464e",
     }),
     "profiles/spec.toml": frozenset({
         "403fcd23234ddc7b84242cb3735aeeb3ba5a6085060821a8f7f0009ec9f198f2",

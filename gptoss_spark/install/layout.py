@@ -108,6 +108,12 @@ class Layout:
     def demo_model_dir(self) -> Path:
         return self.state_dir / "demo-model"
 
+    # install.sh's own log (the full output of every install, pip's included): the admin's to read,
+    # kept by --uninstall like the config, removed by --purge.
+    @property
+    def install_log(self) -> Path:
+        return self._p("/var/log/gptoss-spark-install.log")
+
     # systemd
     @property
     def unit_dir(self) -> Path:

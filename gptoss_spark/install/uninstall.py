@@ -1,6 +1,6 @@
 """What --uninstall removes: the unit, the gptoss-spark@ template and our drop-in links for it, the
-code and our link on PATH. The admin's config, drop-ins and the services' state (caches, demo model,
-last-good profile) stay unless --purge. Stopping the units (the instances first) and deleting the
+code and our link on PATH. The admin's config, drop-ins, the services' state (caches, demo model,
+last-good profile) and install.sh's log stay unless --purge. Stopping the units (the instances first) and deleting the
 user are install.sh's (systemctl, userdel)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def uninstall_plan(layout: Layout, *, purge: bool) -> tuple[list[Path], list[Pat
         remove.append(layout.cli_link)  # someone else's file there is left alone
     # Drop-ins of single instances (gptoss-spark@NAME.service.d) are the admin's as well.
     keep = [layout.dropin_dir, *([tdir] if theirs else []),
-            *sorted(layout.unit_dir.glob(f"{SERVICE}@?*.service.d")), layout.etc_dir, layout.state_dir]
+            *sorted(layout.unit_dir.glob(f"{SERVICE}@?*.service.d")), layout.etc_dir, layout.state_dir, layout.install_log]
     if purge:
         remove += keep
         keep = []

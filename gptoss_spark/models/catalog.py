@@ -56,9 +56,12 @@ def checkpoint(name: str) -> Checkpoint:
     return CATALOG[name]
 
 
-def default_dir(entry: Checkpoint, model_dir: Path, eagle3_dir: Path) -> Path:
+def default_dir(entry: Checkpoint, model_dir: Path, eagle3_dir: Path, eagle3_20b_dir: Path | None = None) -> Path:
     """Where `model pull NAME` puts a checkpoint unless told: the configured directory for the
-    checkpoint the settings mean (model.dir / model.eagle3_dir), else beside it under its own name."""
+    checkpoint the settings mean (model.dir / model.eagle3_dir; the 20b's head has its own,
+    model.eagle3_20b_dir), else beside it under its own name."""
+    if entry.kind == "eagle3" and entry.serves == "gpt-oss-20b" and eagle3_20b_dir is not None:
+        return eagle3_20b_dir
     configured = model_dir if entry.kind == "model" else eagle3_dir
     known_names = {c.dir_name for c in CATALOG.values()}
     if configured.name == entry.dir_name or (entry.default and configured.name not in known_names):

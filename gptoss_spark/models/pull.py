@@ -15,7 +15,12 @@ by a killed process is deleted, not resumed, and content is only checked for its
 - every file is hashed against the Hub's listing (model_info with files_metadata: the sha256 of
   an LFS file, the git blob sha1 of a small one); a file that differs is deleted and the pull stops;
 - free space is checked before anything is fetched, against what is still missing;
-- the whole revision is pinned: the listing's commit is what every file is fetched at.
+- the whole revision is pinned: the listing's commit is what every file is fetched at;
+- progress within a file: huggingface_hub's bars on a terminal, else bounded-rate lines
+  (pull_progress.py: tqdm draws nothing when stderr is not a terminal, e.g. the installer's log);
+- a destination that already holds the revision is re-hashed against its manifest, and only the
+  files that differ (or are gone) are fetched again, staged and verified, then each renamed over
+  the bad one: the good files keep their bytes and mtimes (a repair in place, as `ollama pull` does).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import json
 import os
 import pwd
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -35,7 +40,8 @@ from ..base.exit_codes import EXIT_MODEL_CORRUPT, EXIT_MODEL_FETCH, EXIT_MODEL_S
 from ..base.fsutil import read_json, write_atomic
 from .catalog import Checkpoint
 from .hashing import digests
-from .manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from .manifest import MANIFEST_NAME, Manifest, read_manifest, verify, write_manifest
+from .pull_progress import progress_for
 
 PROGRESS_NAME = ".gptoss-spark-pull.json"
 HF_METADATA_DIR = Path(".cache") / "huggingface"  # what hf_hub_download(local_dir=...) keeps beside the files
@@ -139,6 +145,8 @@ class _Progress:
         self.staging = staging
         self.commit = commit
         self.verified: dict[str, dict] = {}
+        self.missing: list[RemoteFile] = []   # what this run fetches, and its bytes
+        self.need = 0
 
     def load(self) -> bool:
         """Read the record; False if it is for another commit (the staging is then stale)."""
@@ -170,47 +178,101 @@ class PullResult:
     dest: Path
     manifest: Manifest
     fetched: tuple[str, ...]   # files fetched by this run (the others were verified by an earlier one)
-    already: bool = False      # dest already held this revision: nothing done
+    already: bool = False      # dest already held this revision, every file matching: nothing fetched
+    repaired: tuple[str, ...] = ()  # files of dest that failed their hash and were replaced
 
 
 def pull(entry: Checkpoint, dest: Path, *, revision: str = "main", endpoint: str | None = None,
          owner: str | None = None, out: Callable[[str], None] = print,
-         free_bytes: Callable[[Path], int] = disk_free) -> PullResult:
+         free_bytes: Callable[[Path], int] = disk_free,
+         bars: Callable[[str], type | None] | None = None) -> PullResult:
+    """bars: the tqdm_class to fetch a file with, by its name (pull_progress.progress_for by default)."""
+    bars = bars or progress_for(out=out)
     listing = list_remote(entry, revision, endpoint)
     existing = _check_destination(entry, dest, listing)
     if existing is not None:
-        out(f"{entry.name}: {dest} already holds {entry.repo_id}@{listing.commit[:12]} "
-            f"({size_text(existing.total_bytes)}); `gptoss-spark model verify {dest}` re-checks it")
-        return PullResult(dest, existing, (), already=True)
+        return _check_and_repair(entry, dest, existing, listing, endpoint=endpoint, owner=owner, out=out,
+                                 free_bytes=free_bytes, bars=bars)
 
     staging = staging_dir(dest)
-    progress = _Progress(staging, listing.commit)
-    if staging.exists() and not progress.load():
-        out(f"{staging}: left by a pull of another revision; starting over")
-        shutil.rmtree(staging)
-    _drop_partial_downloads(staging)
-    missing = [f for f in listing.files if f.path not in progress.verified]
-    need = sum(f.size for f in missing)
-    free = free_bytes(staging)
-    if free < need + SPACE_RESERVE:
-        raise SpaceError(f"{entry.name}: needs {size_text(need)} more at {dest.parent} (+ {size_text(SPACE_RESERVE)} kept "
-                         f"free), {size_text(free)} is free; free some space or pull to another --dir; nothing was fetched")
-    staging.mkdir(parents=True, exist_ok=True)
-    done = len(listing.files) - len(missing)
+    progress = _stage(entry, staging, listing, listing.files, dest, out, free_bytes)
+    done = len(listing.files) - len(progress.missing)
     out(f"{entry.name}: {entry.repo_id}@{listing.commit[:12]}, {len(listing.files)} files, "
-        f"{size_text(listing.total_bytes)}" + (f"; {done} already verified, {size_text(need)} to fetch" if done else "")
-        + f" -> {dest}")
-    for i, f in enumerate(missing, done + 1):
-        out(f"[{i}/{len(listing.files)}] {f.path} ({size_text(f.size)})")
-        _fetch(entry, f, listing.commit, staging, endpoint)
-        progress.add(f.path, f.size, _verify_fetched(entry, f, staging), f.hub_hash)
+        f"{size_text(listing.total_bytes)}" + (f"; {done} already verified, {size_text(progress.need)} to fetch"
+                                               if done else "") + f" -> {dest}")
+    _fetch_missing(entry, listing, progress, staging, endpoint, out, bars, done, len(listing.files))
     manifest = Manifest(entry.name, entry.repo_id, listing.commit, endpoint or _default_endpoint(),
                         dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                         {rel: {"size": rec["size"], "sha256": rec["sha256"], "hub": rec["hub"]}
                          for rel, rec in sorted(progress.verified.items())})
     _finish(staging, dest, manifest, owner)
     out(f"{entry.name}: {len(listing.files)} files verified against the hub, manifest {dest / MANIFEST_NAME}")
-    return PullResult(dest, manifest, tuple(f.path for f in missing))
+    return PullResult(dest, manifest, tuple(f.path for f in progress.missing))
+
+
+def _stage(entry: Checkpoint, staging: Path, listing: Listing, wanted: Iterable[RemoteFile], dest: Path,
+           out: Callable[[str], None], free_bytes: Callable[[Path], int]) -> _Progress:
+    """The staging directory, ready for the wanted files: a stale one dropped, free space checked."""
+    progress = _Progress(staging, listing.commit)
+    if staging.exists() and not progress.load():
+        out(f"{staging}: left by a pull of another revision; starting over")
+        shutil.rmtree(staging)
+    _drop_partial_downloads(staging)
+    progress.missing = [f for f in wanted if f.path not in progress.verified]
+    progress.need = sum(f.size for f in progress.missing)
+    free = free_bytes(staging)
+    if free < progress.need + SPACE_RESERVE:
+        raise SpaceError(f"{entry.name}: needs {size_text(progress.need)} more at {dest.parent} (+ "
+                         f"{size_text(SPACE_RESERVE)} kept free), {size_text(free)} is free; free some space or "
+                         "pull to another --dir; nothing was fetched")
+    staging.mkdir(parents=True, exist_ok=True)
+    return progress
+
+
+def _fetch_missing(entry: Checkpoint, listing: Listing, progress: _Progress, staging: Path, endpoint: str | None,
+                   out: Callable[[str], None], bars: Callable[[str], type | None], done: int, total: int) -> None:
+    for i, f in enumerate(progress.missing, done + 1):
+        out(f"[{i}/{total}] {f.path} ({size_text(f.size)})")
+        _fetch(entry, f, listing.commit, staging, endpoint, bars(f.path))
+        progress.add(f.path, f.size, _verify_fetched(entry, f, staging), f.hub_hash)
+
+
+def _check_and_repair(entry: Checkpoint, dest: Path, manifest: Manifest, listing: Listing, *,
+                      endpoint: str | None, owner: str | None, out: Callable[[str], None],
+                      free_bytes: Callable[[Path], int], bars: Callable[[str], type | None]) -> PullResult:
+    """dest already holds this revision: re-hash every file against its manifest and fetch again only
+    those that differ or are gone (as `ollama pull` does), each staged, verified against the hub, then
+    renamed over the bad one; the good files are not touched."""
+    out(f"{entry.name}: {dest} holds {entry.repo_id}@{listing.commit[:12]} ({size_text(manifest.total_bytes)}); "
+        f"re-hashing its {len(manifest.files)} files against the manifest")
+    problems = verify(dest, manifest, progress=lambda i, n, rel, size: out(f"  [{i}/{n}] {rel} ({size_text(size)})"))
+    if not problems:
+        out(f"{entry.name}: every file matches the manifest (sha256); nothing to fetch")
+        return PullResult(dest, manifest, (), already=True)
+    bad = {p.path for p in problems}
+    for p in problems:
+        out(f"  CORRUPT {p.line()}")
+    staging = staging_dir(dest)
+    wanted = [f for f in listing.files if f.path in bad]
+    progress = _stage(entry, staging, listing, wanted, dest, out, free_bytes)
+    out(f"{entry.name}: {len(bad)} of {len(manifest.files)} files differ; fetching them again "
+        f"({size_text(progress.need)}), the other {len(manifest.files) - len(bad)} are kept")
+    _fetch_missing(entry, listing, progress, staging, endpoint, out, bars, 0, len(wanted))
+    for f in wanted:
+        if progress.verified[f.path]["sha256"] != manifest.files[f.path]["sha256"]:
+            raise CorruptError(f"{entry.name}: {f.path} from the hub has sha256 {progress.verified[f.path]['sha256']}, "
+                               f"the manifest of {dest} says {manifest.files[f.path]['sha256']}; nothing was "
+                               f"replaced; move {dest} away and pull it again")
+    if owner is not None:
+        _chown_tree(staging, owner)
+    for f in wanted:  # each rename replaces one file whole: a reader sees the old inode or the new one
+        target = dest / f.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / f.path, target)
+        _fsync_dir(target.parent)
+    shutil.rmtree(staging)
+    out(f"{entry.name}: repaired {len(wanted)} file(s) in {dest}; every file now matches the manifest")
+    return PullResult(dest, manifest, tuple(f.path for f in progress.missing), repaired=tuple(f.path for f in wanted))
 
 
 def _check_destination(entry: Checkpoint, dest: Path, listing: Listing) -> Manifest | None:
@@ -228,7 +290,8 @@ def _check_destination(entry: Checkpoint, dest: Path, listing: Listing) -> Manif
         return manifest
     raise UserError(f"{dest} holds {manifest.repo}@{manifest.revision[:12]}, the hub has "
                     f"{entry.repo_id}@{listing.commit[:12]}; move it away to pull that one (the service "
-                    "keeps serving the one it has)")
+                    f"keeps serving the one it has), or pass --revision {manifest.revision} to check and repair "
+                    "the one it holds")
 
 
 def _drop_partial_downloads(staging: Path) -> None:
@@ -239,11 +302,13 @@ def _drop_partial_downloads(staging: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def _fetch(entry: Checkpoint, f: RemoteFile, commit: str, staging: Path, endpoint: str | None) -> None:
+def _fetch(entry: Checkpoint, f: RemoteFile, commit: str, staging: Path, endpoint: str | None,
+           tqdm_class: type | None) -> None:
     from huggingface_hub import hf_hub_download
 
     try:
-        hf_hub_download(entry.repo_id, f.path, revision=commit, local_dir=staging, endpoint=endpoint)
+        hf_hub_download(entry.repo_id, f.path, revision=commit, local_dir=staging, endpoint=endpoint,
+                        tqdm_class=tqdm_class)
     except _hub_errors() as e:
         raise FetchError(f"{entry.name}: fetching {f.path} failed: {_first_line(e)}; run the pull again "
                          f"(verified files are kept in {staging})") from None
@@ -275,7 +340,11 @@ def _finish(staging: Path, dest: Path, manifest: Manifest, owner: str | None) ->
         _chown_tree(staging, owner)
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.rename(staging, dest)
-    fd = os.open(dest.parent, os.O_RDONLY)
+    _fsync_dir(dest.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -27,13 +27,28 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+EAGLE3_20B_DIR_NAME = "gpt-oss-20b-Eagle3"  # models/catalog.py's dir_name for gpt-oss-20b-eagle3
+
+
 class ModelSettings(_Section):
     dir: Path = Path("/srv/models/gpt-oss-120b")
     served_name: str = Field("gptoss", pattern=r"^[A-Za-z0-9._-]{1,64}$")
     # Eagle3 draft head for the spec profile ({eagle3_dir} in profiles).
     eagle3_dir: Path = Path("/srv/models/gpt-oss-120b-Eagle3")
+    # The gpt-oss-20b head, for spec-20b ({eagle3_20b_dir}): another model's head, so its own key.
+    # Left out (a settings file from before the key): gpt-oss-20b-Eagle3 beside eagle3_dir, where
+    # `model pull gpt-oss-20b-eagle3` has always put it.
+    eagle3_20b_dir: Path = None  # type: ignore[assignment]  # filled in by _head_beside
     # Directory holding o200k_base.tiktoken, so the engine never downloads it.
     tiktoken_dir: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _head_beside(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("eagle3_20b_dir") is None:
+            eagle3 = Path(data.get("eagle3_dir") or cls.model_fields["eagle3_dir"].default)
+            data = {**data, "eagle3_20b_dir": eagle3.parent / EAGLE3_20B_DIR_NAME}
+        return data
 
 
 class EngineSettings(_Section):

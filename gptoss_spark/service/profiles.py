@@ -24,7 +24,7 @@ our kernels). The base is looked up by name among all loaded profiles, so a
 base overridden in a later directory is the one extended. Bases may extend
 further; unknown bases and cycles are errors.
 
-Placeholders {model_dir}, {eagle3_dir} and {served_name} are filled from the
+Placeholders {model_dir}, {eagle3_dir}, {eagle3_20b_dir} and {served_name} are filled from the
 settings in args, env values and required paths: a profile names each fact once.
 Any other {lowercase_word} is an error (a typo); JSON braces are left alone.
 """
@@ -48,7 +48,7 @@ from ..base.errors import ConfigError, RequirementError
 PROFILE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 # A token that starts an option (--flag, --flag=value, -x); "-1" is a value.
 _OPTION_RE = re.compile(r"^--?[A-Za-z]")
-PLACEHOLDERS = ("model_dir", "eagle3_dir", "served_name")
+PLACEHOLDERS = ("model_dir", "eagle3_dir", "eagle3_20b_dir", "served_name")
 _PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 # Arguments the supervisor sets from the settings; a profile may not set them,
@@ -175,7 +175,7 @@ class Profile:
 
     def _fill(self, text: str, settings: Settings, key: str) -> str:
         values = {"model_dir": str(settings.model.dir), "eagle3_dir": str(settings.model.eagle3_dir),
-                  "served_name": settings.model.served_name}
+                  "eagle3_20b_dir": str(settings.model.eagle3_20b_dir), "served_name": settings.model.served_name}
 
         # Only {lowercase_word} is a placeholder, so JSON values like '{"method": ...}' pass untouched.
         def sub(m: re.Match[str]) -> str:

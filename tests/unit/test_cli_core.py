@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,14 +48,30 @@ def test_check_refuses_an_engine_argument_vllm_rejects_in_one_line(tmp_path):
 
 
 def test_check_covers_every_profile_not_only_the_active_one(tmp_path):
+    """The default service's check (no --config; here its file named by the environment, as the unit's
+    would be the default path): every installed profile, the broken one named by its file."""
     pytest.importorskip("vllm")
     cfg = settings(tmp_path)
     (tmp_path / "profiles" / "other.toml").write_text('description = "o"\n[engine]\nargs = ["--no-such-flag"]\n')
-    r = cli("check", "--config", str(cfg))
+    r = subprocess.run([sys.executable, "-m", "gptoss_spark.cli", "check"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "GPTOSS_SPARK_CONFIG": str(cfg)})
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith(f"gptoss-spark: error: {tmp_path}/profiles/other.toml: engine.args: vLLM rejects "
                                "profile other's engine arguments: unrecognized arguments: --no-such-flag"), r.stderr
     assert cli("check", "--config", str(cfg), "--profile", "plain").returncode == 0  # one named: that one alone
+
+
+def test_check_config_checks_the_profiles_that_file_serves(tmp_path):
+    """`check --config FILE` (an instance's file beside the default's profiles.d): FILE's default_profile
+    and active profile; a broken profile it does not serve is named as not checked, not a failure."""
+    pytest.importorskip("vllm")
+    cfg = settings(tmp_path)
+    (tmp_path / "profiles" / "other.toml").write_text('description = "o"\n[engine]\nargs = ["--no-such-flag"]\n')
+    r = cli("check", "--config", str(cfg))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "profile plain can start" in r.stdout
+    assert f"  not checked: other (not served by {cfg}; --all-profiles checks every profile)" in r.stdout
+    assert cli("check", "--config", str(cfg), "--all-profiles").returncode == 1  # asked for: found
 
 
 def test_check_missing_checkpoint_exit_3(tmp_path):

@@ -256,7 +256,15 @@ def test_grafana_dashboard_queries_only_metric_names_that_exist(gb10, tmp_path):
     sup.guard.read()
     sup.telemetry.record(SampleContext("ready", "demo", 42, "x"), NvmlReader().read([42]),
                          HostMemory(5 << 30, 8 << 30, 0.5, 3 << 30, "/x", 2 << 30), {RUNNING: 1.0, GENERATED: 5.0})
-    rendered = {line.split("{")[0].split(" ")[0] for line in render(make_registry(sup.status)).decode().splitlines()
+    # An engine start that got ready, so the start phases and the compile count are rendered too.
+    import dataclasses
+
+    from gptoss_spark.service.status import StartStatus
+
+    started = StartStatus(None, {"compiled": ["inductor graph"]}, {"total": ((10.0, 60.0), (0, 1), 42.0, 1),
+                                                                    "compile": ((10.0, 60.0), (1, 1), 7.0, 1)})
+    status = lambda: dataclasses.replace(sup.status(), start=started)  # noqa: E731
+    rendered = {line.split("{")[0].split(" ")[0] for line in render(make_registry(status)).decode().splitlines()
                 if line and not line.startswith("#")}
     dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -264,6 +272,11 @@ def test_grafana_dashboard_queries_only_metric_names_that_exist(gb10, tmp_path):
     vllm = {n for e in exprs for n in re.findall(r"vllm:[a-z0-9_]+", e)}
     assert len(ours) >= 15 and ours <= rendered, ours - rendered
     assert vllm == {GENERATED, RUNNING, WAITING}
+    # The start phases, the compile count, GPU availability; one service (gptoss-spark@NAME) at a time.
+    assert {"gptoss_spark_engine_start_phase_seconds_sum", "gptoss_spark_engine_start_compiles",
+            "gptoss_spark_gpu_telemetry_available"} <= ours
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["service"]
+    assert all('service=~"$service"' in e for e in exprs for _ in re.findall(r"(?:gptoss_spark_|vllm:)[a-z0-9_]+", e))
 
 
 # ---- the journal at state changes ----------------------------------------------------------------

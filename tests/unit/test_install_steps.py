@@ -634,9 +634,14 @@ def test_uninstall_keeps_config_and_state(lay, src):
 
 def test_uninstall_purge_removes_everything(lay, src):
     installed(lay, src)
+    lay.install_log.parent.mkdir(parents=True, exist_ok=True)
+    lay.install_log.write_text("==== install.sh\n")  # what install.sh tees every install into
+    lines = uninstall.uninstall(lay, purge=False, dry_run=True)
+    assert f"  kept /var/log/gptoss-spark-install.log (--purge removes it)" in lines
     uninstall.uninstall(lay, purge=True)
-    for p in (lay.unit_file, lay.opt_dir, lay.etc_dir, lay.state_dir, lay.dropin_dir):
+    for p in (lay.unit_file, lay.opt_dir, lay.etc_dir, lay.state_dir, lay.dropin_dir, lay.install_log):
         assert not p.exists()
+    assert lay.install_log.parent.is_dir()  # /var/log itself is not ours
 
 
 def test_uninstall_dry_run_changes_nothing(lay, src):

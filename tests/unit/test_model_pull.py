@@ -8,8 +8,10 @@ directory the pull must leave out.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import pwd
 import signal
 import subprocess
@@ -164,6 +166,92 @@ def test_verify_names_a_flipped_byte_without_the_network(hub, tmp_path, capsys):
     out = capsys.readouterr()
     assert f"CORRUPT sha256  {SHARDS[1]}: " in out.out and SHARDS[0] not in out.out
     assert "1 of 5 files differ from the manifest" in out.err
+
+
+def test_pull_repairs_exactly_the_corrupt_file_in_place(hub, tmp_path, capsys):
+    """verify names the flipped byte and the command that repairs it; that pull re-hashes what is there,
+    fetches only the bad shard again and renames it over the bad one: the others keep bytes and mtimes."""
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    others = {p: ((dest / p).read_bytes(), (dest / p).stat().st_mtime_ns)
+              for p in ("config.json", "tokenizer_config.json", ".gitattributes", SHARDS[0], MANIFEST_NAME)}
+    shard = dest / SHARDS[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["model", "verify", str(dest)]) == EXIT_MODEL_CORRUPT
+    advice = capsys.readouterr().err.strip().splitlines()[-1]
+    repair = f"gptoss-spark model pull gpt-oss-20b --dir {dest} --revision {hub.commit}"
+    assert advice.endswith(repair), advice
+    gets = {p: len(hub.gets(p)) for p in (*SHARDS, "config.json")}
+    lines: list[str] = []
+    assert main(repair.split()[1:] + ["--endpoint", hub.url]) == 0
+    result = pull(ENTRY, dest, endpoint=hub.url, out=lines.append)  # and the next pull finds nothing to do
+    assert result.already and result.fetched == () and "every file matches the manifest" in lines[-1]
+    assert len(hub.gets(SHARDS[1])) == gets[SHARDS[1]] + 1  # fetched again once
+    assert len(hub.gets(SHARDS[0])) == gets[SHARDS[0]] and len(hub.gets("config.json")) == gets["config.json"]
+    assert shard.read_bytes() == hub.repos[ENTRY.repo_id][SHARDS[1]].data
+    assert {p: ((dest / p).read_bytes(), (dest / p).stat().st_mtime_ns) for p in others} == others
+    assert not staging_dir(dest).exists()
+    assert main(["model", "verify", str(dest)]) == 0
+
+
+def test_a_repair_reports_what_it_replaced(hub, tmp_path):
+    dest = tmp_path / "gpt-oss-20b"
+    pull(ENTRY, dest, endpoint=hub.url, out=quiet)
+    (dest / "config.json").unlink()          # gone
+    (dest / SHARDS[0]).write_bytes(b"x")     # truncated
+    lines: list[str] = []
+    result = pull(ENTRY, dest, endpoint=hub.url, out=lines.append)
+    assert set(result.repaired) == {"config.json", SHARDS[0]} and not result.already
+    assert any(ln.startswith("gpt-oss-20b: 2 of 5 files differ; fetching them again") for ln in lines), lines
+    assert main(["model", "verify", str(dest)]) == 0
+
+
+class _Log(io.StringIO):
+    """A stream that is not a terminal: the installer's tee, journald."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_off_a_terminal_the_bytes_of_a_file_arrive_as_lines(hub, tmp_path, monkeypatch):
+    """tqdm (huggingface_hub's bars) draws nothing when stderr is not a terminal: the pull writes lines
+    (every chunk here, interval 0; LINE_INTERVAL_S seconds apart in use) with bytes, percent and rate."""
+    from gptoss_spark.models.pull_progress import progress_for
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", None)
+    lines: list[str] = []
+    pull(ENTRY, tmp_path / "m", endpoint=hub.url, out=lines.append,
+         bars=progress_for(_Log(), out=lines.append, interval=0))
+    mine = [ln for ln in lines if ln.startswith(f"  {SHARDS[1]}: ")]
+    assert len(mine) >= 2, lines  # huggingface_hub reads 10 MiB at a time: the 13.2 MB shard is two reads
+    assert all(re.fullmatch(r"  \S+: [\d.]+ (MB|GB) of 13\.2 MB \(\d+ %\), [\d.]+ (B|MB|GB)/s(, ~\d+ s left)?", ln)
+               for ln in mine), mine
+    assert " of 13.2 MB (100 %), " in mine[-1]
+    assert progress_for(_Terminal(), out=lines.append)(SHARDS[1]) is None  # a terminal: huggingface_hub's own bars
+
+
+def test_progress_lines_are_bounded_in_rate():
+    from gptoss_spark.models.pull_progress import lines_for
+
+    now = [0.0]
+    lines: list[str] = []
+    bar = lines_for("f", lines.append, interval=5, clock=lambda: now[0])(total=50e6, initial=0, desc="x", unit="B")
+    for _ in range(100):  # 0.5 MB every 1/8 s (exact in binary): 12.5 s in all
+        now[0] += 0.125
+        bar.update(0.5e6)
+    bar.close()
+    assert lines == ["  f: 20.0 MB of 50.0 MB (40 %), 4.0 MB/s, ~8 s left",
+                     "  f: 40.0 MB of 50.0 MB (80 %), 4.0 MB/s, ~2 s left",
+                     "  f: 50.0 MB of 50.0 MB (100 %), 4.0 MB/s"]  # at the end: the file's average rate
 
 
 def test_an_unknown_repository_is_one_line_and_fetches_nothing(hub, tmp_path, capsys):

@@ -27,7 +27,8 @@ def cpu_install(tmp_path):
     (model / "config.json").write_text("{}")
     s = load_settings(REPO / "etc" / "gptoss-spark.toml")
     return s.model_copy(update={
-        "model": s.model.model_copy(update={"dir": model, "eagle3_dir": tmp_path / "no-eagle3"}),
+        "model": s.model.model_copy(update={"dir": model, "eagle3_dir": tmp_path / "no-eagle3",
+                                            "eagle3_20b_dir": tmp_path / "no-eagle3"}),  # both heads
         "paths": s.paths.model_copy(update={"profile_dirs": [REPO / "etc" / "profiles", REPO / "etc" / "profiles-cpu"]}),
     })
 

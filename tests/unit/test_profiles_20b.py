@@ -10,7 +10,7 @@ import pytest
 
 from gptoss_spark.base.errors import ConfigError, RequirementError
 from gptoss_spark.service import profiles as profiles_mod
-from gptoss_spark.service.config import load_settings
+from gptoss_spark.service.config import Settings, load_settings
 from gptoss_spark.service.fit import why_not
 from gptoss_spark.service.profiles import _options, load_profiles
 
@@ -65,7 +65,30 @@ def test_each_20b_profile_is_its_120b_counterpart_for_the_20b(spark, tmp_path):
     spec20 = p["spec-20b"]
     assert arg(spec20, "--max-num-seqs") == "2" and "--max-num-batched-tokens" not in spec20.args
     assert json.loads(arg(spec20, "--speculative-config"))["num_speculative_tokens"] == 1
-    assert spec20.required_paths == ("{eagle3_dir}/config.json",)
+    assert spec20.required_paths == ("{eagle3_20b_dir}/config.json",)
+
+
+def test_spec_and_spec_20b_draft_with_their_own_heads(spark, tmp_path):
+    """spec-20b took model.eagle3_dir, the 120b head: it has model.eagle3_20b_dir, and a settings file
+    without that key (every install before it) means gpt-oss-20b-Eagle3 beside eagle3_dir, where
+    `model pull gpt-oss-20b-eagle3` puts it."""
+    from gptoss_spark.model_cli import dir_for
+    from gptoss_spark.models.catalog import CATALOG
+
+    s, p = spark(checkpoint(tmp_path / "gpt-oss-20b", 24, 32))
+    assert s.model.eagle3_20b_dir == tmp_path / "gpt-oss-20b-Eagle3"
+    head = lambda name: json.loads(p[name].engine_args(s)[p[name].engine_args(s).index("--speculative-config") + 1])
+    assert head("spec")["model"] == f"{tmp_path}/e"
+    assert head("spec-20b")["model"] == f"{tmp_path}/gpt-oss-20b-Eagle3"
+    assert dir_for(CATALOG["gpt-oss-20b-eagle3"], s) == tmp_path / "gpt-oss-20b-Eagle3"
+    cfg = tmp_path / "own.toml"
+    cfg.write_text(f'[model]\ndir = "{tmp_path}/gpt-oss-20b"\neagle3_20b_dir = "{tmp_path}/heads/20b"\n'
+                   f'[paths]\nprofile_dirs = ["{REPO}/etc/profiles"]\n')
+    s2 = load_settings(cfg)
+    assert s2.model.eagle3_20b_dir == tmp_path / "heads" / "20b"
+    assert dir_for(CATALOG["gpt-oss-20b-eagle3"], s2) == tmp_path / "heads" / "20b"
+    assert load_settings(REPO / "etc" / "gptoss-spark.toml").model.eagle3_20b_dir == \
+        Settings().model.eagle3_20b_dir == Path("/srv/models/gpt-oss-20b-Eagle3")  # the shipped file: the default
 
 
 def test_a_20b_profile_is_refused_on_a_120b_checkpoint_and_the_other_way_round(spark, tmp_path):

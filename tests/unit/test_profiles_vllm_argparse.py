@@ -97,7 +97,9 @@ def checkpoints(tmp_path_factory, demo_model_dir) -> dict[str, tuple[Path, Path]
 
 def settings_for(model_dir: Path, eagle_dir: Path):
     s = load_settings(REPO / "etc" / "gptoss-spark.toml")
-    return s.model_copy(update={"model": s.model.model_copy(update={"dir": model_dir, "eagle3_dir": eagle_dir})})
+    # Each model's head at eagle_dir: spec drafts from eagle3_dir, spec-20b from eagle3_20b_dir.
+    return s.model_copy(update={"model": s.model.model_copy(update={"dir": model_dir, "eagle3_dir": eagle_dir,
+                                                                    "eagle3_20b_dir": eagle_dir})})
 
 
 def shipped_profile(path: Path):
