@@ -452,17 +452,36 @@ def test_switch_to_a_context_the_checkpoint_cannot_hold_stops_nothing(ns):
     assert engine_pid(ns) == eng
 
 
+class BrokenActiveProfile:
+    """The ACTIVE profile's override in profiles.d with a KV cache too small for any block, an edit only
+    loading finds wrong (an engine of it exits 1 while loading); as a context, the override as it was
+    after (the original file back, or none)."""
+
+    BACKUP = "/tmp/broken-profile-original.toml"
+
+    def __init__(self, ns):
+        self.ns = ns
+        active = admin_json(ns, "GET", "/admin/profile")["active"]
+        self.edited = f"/etc/gptoss-spark/profiles.d/{active}.toml"
+        self.installed = f"/etc/gptoss-spark/profiles/{active}.toml"
+
+    def __enter__(self):
+        e = self.edited
+        self.ns.sh(f"cp {e} {self.BACKUP} 2>/dev/null || rm -f {self.BACKUP}; "
+                   f"sed 's/\"--kv-cache-memory-bytes\", \"268435456\"/\"--kv-cache-memory-bytes\", \"4096\"/' "
+                   f"$(test -e {e} && echo {e} || echo {self.installed}) > /tmp/broken.toml "
+                   f"&& grep -q '\"4096\"' /tmp/broken.toml && mv /tmp/broken.toml {e}")
+        return self
+
+    def __exit__(self, *exc):
+        self.ns.sh(f"if [ -e {self.BACKUP} ]; then mv {self.BACKUP} {self.edited}; else rm -f {self.edited}; fi")
+
+
 def test_reload_whose_engine_cannot_start_fails_in_bounded_time(ns):
     """An edit only loading can find wrong (a KV cache too small for any block) in the ACTIVE profile
     (demo-b after test_profile_switch): `systemctl reload` ends (fails) once the restart has failed,
     instead of staying `reloading` until TimeoutStartSec (900 s). Undone, a reload serves again."""
-    active = admin_json(ns, "GET", "/admin/profile")["active"]
-    edited = f"/etc/gptoss-spark/profiles.d/{active}.toml"
-    ns.sh(f"cp {edited} /tmp/reload-test-original.toml 2>/dev/null || rm -f /tmp/reload-test-original.toml; "
-          f"sed 's/\"--kv-cache-memory-bytes\", \"268435456\"/\"--kv-cache-memory-bytes\", \"4096\"/' "
-          f"$(test -e {edited} && echo {edited} || echo /etc/gptoss-spark/profiles/{active}.toml) > /tmp/broken.toml "
-          f"&& grep -q '\"4096\"' /tmp/broken.toml && mv /tmp/broken.toml {edited}")
-    try:
+    with BrokenActiveProfile(ns):
         t0 = ns_now(ns)
         r = timed("reload_failing_s", ns, "timeout 600 systemctl reload gptoss-spark", check=False, timeout=620)
         assert r.returncode not in (0, 124), (r.returncode, r.stderr, ns.sh(
@@ -470,9 +489,6 @@ def test_reload_whose_engine_cannot_start_fails_in_bounded_time(ns):
         s = show(ns, "ActiveState", "SubState")
         assert (s["ActiveState"], s["SubState"]) == ("active", "running"), s  # not "reload" any more
         assert "engine exited with code 1 while loading" in ns.sh("gptoss-spark status", check=False).stdout
-    finally:  # the profile as it was: the original file back, or no override
-        ns.sh(f"if [ -e /tmp/reload-test-original.toml ]; then mv /tmp/reload-test-original.toml {edited}; "
-              f"else rm -f {edited}; fi")
     timed("reload_after_failure_s", ns, "systemctl reload gptoss-spark", timeout=600)
     assert http_code(ns, f"{ENGINE}/health") == "200"
 
@@ -540,19 +556,11 @@ def test_a_rerun_restarts_a_service_that_runs_but_serves_nothing(ns):
     """The supervisor up in state `failed` (it gave up on an engine that had served: the active
     profile now fails to load, twice the same way) passes `systemctl is-active`; a re-run of
     install.sh must not call that "installed and running": it restarts it, and it serves again."""
-    active = admin_json(ns, "GET", "/admin/profile")["active"]
-    edited = f"/etc/gptoss-spark/profiles.d/{active}.toml"
-    ns.sh(f"cp {edited} /tmp/a4-original.toml 2>/dev/null || rm -f /tmp/a4-original.toml; "
-          f"sed 's/\"--kv-cache-memory-bytes\", \"268435456\"/\"--kv-cache-memory-bytes\", \"4096\"/' "
-          f"$(test -e {edited} && echo {edited} || echo /etc/gptoss-spark/profiles/{active}.toml) > /tmp/a4.toml "
-          f"&& grep -q '\"4096\"' /tmp/a4.toml && mv /tmp/a4.toml {edited}")
-    try:
+    with BrokenActiveProfile(ns):
         ns.sh(f"kill -9 {engine_pid(ns)}")
         wait_for(lambda: admin_json(ns, "GET", "/admin/profile").get("state") == "failed", 400,
                  "the supervisor to give up")
         assert show(ns, "ActiveState")["ActiveState"] == "active"
-    finally:
-        ns.sh(f"if [ -e /tmp/a4-original.toml ]; then mv /tmp/a4-original.toml {edited}; else rm -f {edited}; fi")
     r = timed("install_rerun_failed_s", ns, f"{SRC}/install.sh --cpu", check=False, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Already installed" not in r.stdout, r.stdout
