@@ -114,8 +114,10 @@ def describe_exit(returncode: int, output: Iterable[str] = (), when: str = "",
     # A signal comes from outside: what the engine logged last (start-up, throughput) does not
     # explain it, only an error it logged on the way might.
     shown = telling_lines(output, errors_only=returncode < 0)
-    cause = root_cause([*exceptions, *output])
+    wrappers = [e for e in map(exception_line, output) if e and _WRAPPER.search(e)]
+    # Earlier exceptions only when the output ends in a wrapper that points back at them: else an
+    # exception vLLM logged hours ago for one bad request would pass for the cause of a later kill.
+    cause = root_cause([*exceptions, *output] if wrappers else output)
     if cause is not None:
-        wrappers = [e for e in map(exception_line, output) if e and _WRAPPER.search(e)]
         shown = [cause, *wrappers[-1:]]
     return f"{what}: {' | '.join(shown)}" if shown else what

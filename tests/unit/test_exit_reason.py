@@ -186,3 +186,10 @@ def test_a_wrapper_alone_is_shown_as_it_is():
     out = ["(APIServer pid=5) RuntimeError: Engine core initialization failed. See root cause above. "
            "Failed core proc(s): {}"]
     assert describe_exit(1, out) == "engine exited with code 1: " + out[0]
+
+
+def test_an_old_exception_is_no_cause_of_a_later_kill():
+    """An exception logged for one bad request long before is not the cause of an OOM kill."""
+    earlier = ["(APIServer pid=5) ERROR 12-07 10:00:00 [serving.py:1] ValueError: prompt too long"]
+    r = describe_exit(-9, ["INFO 12-07 12:00:00 throughput"], exceptions=earlier)
+    assert "prompt too long" not in r
