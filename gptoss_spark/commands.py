@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="only check every profile's engine arguments: vLLM's parser, its ModelConfig, the parallel "
                         "sizes and the memory arithmetic (what an upgrade checks before it stops the running "
                         "engine); exit 1 if any is rejected")
+    p.add_argument("--skip-profiles", default="", metavar="NAME[,NAME]",
+                   help="with --all-profiles: leave these out (the installer checks the shipped, unedited "
+                        "profiles alone to tell whether the new version or an edit is at fault)")
     p.add_argument("--engine-python", help="check with this interpreter's vLLM instead of engine.python's")
     p.set_defaults(func=cmd_check)
 
@@ -45,7 +48,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"engine": engine})
     profiles = load_profiles(settings)
     if args.all_profiles:
-        return _check_all(settings, profiles)
+        skipped = {n for n in args.skip_profiles.split(",") if n}
+        return _check_all(settings, {n: p for n, p in profiles.items() if n not in skipped})
     active = StateStore(settings.state_file).load().active_profile
     name = args.profile or active or settings.default_profile
     profile = get_profile(profiles, name, settings)

@@ -60,23 +60,48 @@ def check_profiles(layout: Layout, venv: Path, *, run: Runner = default_runner, 
     Without `kept`: the venv is already current and the install changed a profile file (a shipped
     profile updated), so only the arguments are new."""
     gs = str(venv / "bin" / "gptoss-spark")
+    check = [*AS_SERVICE, gs, "check", "--all-profiles", *config_args(layout), *engine_python_override(layout, venv)]
     if kept is None:
         log(f"  the profiles changed: checking their engine arguments under {layout.real(venv)}")
+    if run(check) == 0:
+        return
+    edited, shipped = admins_profiles(layout), shipped_profiles(layout)
+    # Whose fault: with only this version's own, unedited profiles installed, the version's; with
+    # edits beside them, the shipped ones are checked alone (a second vLLM run, on this failure only).
+    at_fault = bool(shipped) and not edited
+    if shipped and edited:
+        log(f"  checking the profiles as this version ships them, without {', '.join(edited)} (edited here)")
+        at_fault = run([*check, "--skip-profiles", ",".join(edited)]) != 0
     whose = "the new version's vLLM" if kept is not None else "vLLM"
-    fix = ("this version ships them so (no profile here was edited, profiles.d is empty): the new version "
-           "is at fault; keep the running one and report it, or install a fixed version"
-           if only_shipped_profiles(layout) else "fix that profile or wait for a fixed version")
-    _step(run([*AS_SERVICE, gs, "check", "--all-profiles", *config_args(layout),
-               *engine_python_override(layout, venv)]) == 0,
-          f"{whose} rejects an installed profile's engine arguments (the line above names the profile and "
-          f"vLLM's reason); {fix}" + (kept or "; the profile files are put back as they were, the running engine keeps its arguments"),
-          EXIT_ARGS)
+    after = kept or "; the profile files are put back as they were, the running engine keeps its arguments"
+    if at_fault:
+        # Its own defaults are refused: telling the owner to fix their profile would send them the wrong way.
+        raise InstallError(
+            f"{whose} rejects the engine arguments of profiles this version ships, unedited (the lines above "
+            f"name them and vLLM's reason): the new version is at fault, not this machine's settings{after}; "
+            "report it with the lines above and install a fixed version when there is one"
+            + ("" if kept else "; `sudo ./install.sh --rollback` switches back to the version before"), EXIT_ARGS)
+    if shipped:
+        raise InstallError(
+            f"{whose} rejects the engine arguments of a profile edited here ({', '.join(edited)}: the line above "
+            f"names which and vLLM's reason) and accepts every profile this version ships: fix that profile "
+            f"(`gptoss-spark check` says what is wrong) or wait for a fixed version{after}", EXIT_ARGS)
+    raise InstallError(
+        f"{whose} rejects an installed profile's engine arguments (the line above names the profile and vLLM's "
+        f"reason); fix that profile or wait for a fixed version{after}", EXIT_ARGS)
 
 
-def only_shipped_profiles(layout: Layout) -> bool:
-    """True if every profile the service runs is one an install wrote and nobody edited since
-    (.shipped.json), and profiles.d holds none of the admin's own."""
+def admins_profiles(layout: Layout) -> list[str]:
+    """Names of the profiles that are the admin's: in profiles.d, or shipped and edited since an
+    install wrote them (.shipped.json)."""
     shipped = Shipped(layout)
     ours = sorted(layout.profiles_dir.glob("*.toml")) if layout.profiles_dir.is_dir() else []
     theirs = sorted(layout.user_profiles_dir.glob("*.toml")) if layout.user_profiles_dir.is_dir() else []
-    return bool(ours) and not theirs and all(shipped.unedited(p, p.read_bytes()) for p in ours)
+    return sorted({p.stem for p in theirs} | {p.stem for p in ours if not shipped.unedited(p, p.read_bytes())})
+
+
+def shipped_profiles(layout: Layout) -> list[str]:
+    """Names of the profiles an install wrote that nobody edited since (and profiles.d does not replace)."""
+    mine = set(admins_profiles(layout))
+    ours = sorted(layout.profiles_dir.glob("*.toml")) if layout.profiles_dir.is_dir() else []
+    return [p.stem for p in ours if p.stem not in mine]

@@ -22,7 +22,7 @@ import structlog
 
 from .api_access import read_api_key
 from .config import Settings
-from .exit_reason import describe_exit
+from .exit_reason import describe_exit, exception_line
 from . import flashinfer_cache as fi_cache
 from .headless import JOIN_RE, LAUNCHER
 from .logs import ENGINE_LOGGER, vllm_line_level
@@ -181,6 +181,9 @@ class EngineProcess:
         self.tmpdir: Path | None = None
         self.started_at: float | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        # Exception lines of the whole output: the EngineCore's cause can be further back than the
+        # tail holds, behind the API server's own traceback (exit_reason.root_cause).
+        self.exceptions: collections.deque[str] = collections.deque(maxlen=20)
         # Set when vLLM logs that this rank joined the engine's distributed groups (headless.py).
         self.joined_at: float | None = None
         # Where this start's time goes and what it compiled (startup.py); the supervisor adds the
@@ -242,6 +245,8 @@ class EngineProcess:
                 if self.joined_at is None and JOIN_RE.search(line):
                     self.joined_at = time.monotonic()
                 self.tail.append(line)
+                if exception_line(line):
+                    self.exceptions.append(line)
                 self.startup.feed(line)
                 level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
                 shown = level
@@ -286,7 +291,7 @@ class EngineProcess:
     def exit_reason(self, when: str = "") -> str:
         """Why it ended, with the telling lines of its output (exit_reason.py)."""
         assert self.proc and self.proc.returncode is not None
-        return describe_exit(self.proc.returncode, self.tail, when)
+        return describe_exit(self.proc.returncode, self.tail, when, self.exceptions)
 
     async def stop(self, grace: float | None = None) -> float:
         """SIGTERM the engine's group, SIGKILL it after grace, return once no process of the tree remains.

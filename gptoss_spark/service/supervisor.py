@@ -653,6 +653,11 @@ class Supervisor:
                    f"nothing was stopped, {name} still serves")
         log.error("refused before stopping the engine", kind=cmd.kind.value, target=target,
                   profile=name, reason=rejection)
+        # A failed operation like any other (the page, /admin/status, /metrics count it), though the
+        # serving engine never stopped: the message says so, and nothing else here changes.
+        self.last_error = message
+        if cmd.kind == CommandKind.SWITCH:
+            self.switches["failed"] += 1
         if cmd.op is not None:
             cmd.op.finish(False, message)
         return True

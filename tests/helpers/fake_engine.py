@@ -4,6 +4,9 @@ Speaks just enough of vLLM's HTTP surface: /health, /metrics, /v1/completions.
 Behaviour comes from FAKE_ENGINE_MODE (comma-separated):
   load=SECONDS        answer /health 503 for this long after start (slow load)
   crash_on_load       exit 1 while still loading (after load/2 seconds)
+  vllm_init_failure   with crash_on_load: print what vLLM prints when its EngineCore cannot start
+                      (its ValueError, then the API server's wrapper, whose list of failed processes
+                      is `{}` on one start and `{'EngineCore': 1}` on the next: $FAKE_ENGINE_MARKER)
   crash_after=SECONDS exit 1 this long after the first completion (the supervisor's canary)
   crash_once          with crash_after: only if the file $FAKE_ENGINE_MARKER does not exist yet (creates it)
   wedge               /health 200 but completions never answer (and tokens never move)
@@ -83,6 +86,28 @@ class Handler(BaseHTTPRequestHandler):
                                     "usage": {"completion_tokens": n, "prompt_tokens": 1}}).encode())
 
 
+def print_vllm_init_failure() -> None:
+    """vLLM 0.32.0's output for an engine that cannot start (v1/engine/core.py, v1/engine/utils.py)."""
+    pid, marker = os.getpid(), os.environ.get("FAKE_ENGINE_MARKER", "")
+    odd = not os.path.exists(marker)
+    if odd:
+        open(marker, "w").close()
+    else:
+        os.remove(marker)
+    core = f"(EngineCore pid={pid + 1}) ERROR 12-07 14:02:11 [core.py:1510] "
+    cause = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.09 GiB KV cache "
+             "is needed, which is larger than the available KV cache memory (0.04 GiB). Based on the available "
+             "memory, the estimated maximum model length is 896.")
+    lines = [core + "EngineCore failed to start.", core + "Traceback (most recent call last):",
+             core + '  File "vllm/v1/core/kv_cache_utils.py", line 1030, in check_enough_kv_cache_memory',
+             core + cause,
+             f"(APIServer pid={pid}) Traceback (most recent call last):",
+             f'(APIServer pid={pid})   File "vllm/v1/engine/utils.py", line 1431, in wait_for_engine_startup',
+             f"(APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause above. "
+             "Failed core proc(s): " + ("{}" if odd else "{'EngineCore': 1}")]
+    print("\n".join(lines), flush=True)
+
+
 def main() -> None:
     port = int(sys.argv[sys.argv.index("--port") + 1])
     if "ignore_sigterm" in MODES:
@@ -98,6 +123,8 @@ def main() -> None:
         if "crash_on_load" in MODES:
             time.sleep(LOAD / 2)
             print("fake engine: crashing while loading", flush=True)
+            if "vllm_init_failure" in MODES:
+                print_vllm_init_failure()
             os._exit(1)
         if "crash_after" in MODES:
             marker = os.environ.get("FAKE_ENGINE_MARKER", "")

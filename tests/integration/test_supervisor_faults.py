@@ -90,6 +90,29 @@ def test_the_same_crash_while_loading_twice_gives_up_at_once(tmp_path):
     run(scenario())
 
 
+def test_vllms_alternating_wrapper_still_gives_up_after_two_failures_naming_the_root_cause(tmp_path):
+    """vLLM's last line lists the failed processes as `{}` on one start, `{'EngineCore': 1}` on the
+    next: the same root cause is the same failure, and the reason names the cause, not the wrapper."""
+    async def scenario():
+        h = Harness(tmp_path, make_settings(tmp_path, {"bad": "load=0.6,crash_on_load,vllm_init_failure"}))
+        h.start()
+        rc = await asyncio.wait_for(h.task, 30)
+        assert rc == EXIT_GAVE_UP
+        states = [t.new for t in h.sup.sm.history]
+        assert states.count(State.BACKOFF) == 1 and states[-1] == State.FAILED, h.reasons()
+        wrappers = [t.reason for t in h.sup.sm.history if t.new == State.STOPPING]
+        assert wrappers[0].endswith("Failed core proc(s): {}") and wrappers[1].endswith("{'EngineCore': 1}")
+        cause = ("engine exited with code 1 while loading: ValueError: To serve at least one request with the "
+                 "model's max seq len (2048)")
+        assert h.sup.sm.history[-1].reason.startswith(
+            "gave up at once, the engine failed the same way twice in a row: " + cause), h.reasons()
+        assert h.sup.last_error.startswith(cause) and "pid=" not in h.sup.last_error
+        assert h.notify.wait_status("failed: profile bad (gave up at once, the engine failed the same way twice "
+                                    "in a row: " + cause[:60])
+        h.notify.close()
+    run(scenario())
+
+
 def test_crash_while_ready_restarts_and_recovers(tmp_path):
     async def scenario():
         h = Harness(tmp_path, make_settings(tmp_path, {"flaky": "crash_after=0.3,crash_once"}))

@@ -11,6 +11,8 @@ import signal
 
 import pytest
 
+from gptoss_spark.admin.metrics import make_registry, render
+from gptoss_spark.admin.page import render_page
 from gptoss_spark.service.states import State
 from gptoss_spark.base.exit_codes import EXIT_OK
 from gptoss_spark.service.supervisor import OpStatus
@@ -55,7 +57,14 @@ def test_a_rejected_target_leaves_the_serving_engine_alone(tmp_path):
         assert op.error == ("profile other: vLLM rejects its engine arguments: unrecognized arguments: --nope; "
                             "nothing was stopped, good still serves")
         assert (h.sup.engine.pid, h.sup.state, len(h.sup.sm.history)) == (pid, State.READY, seen)
-        assert h.sup.switches == {"ok": 0, "failed": 0}
+        # Counted and shown as a failed switch, with words that do not claim the engine failed.
+        assert h.sup.switches == {"ok": 0, "failed": 1}
+        st = h.sup.status()
+        assert st.last_error == op.error and st.counters.switches_failed == 1
+        metrics = render(make_registry(h.sup.status)).decode()
+        assert 'gptoss_spark_profile_switches_total{outcome="failed"} 1.0' in metrics
+        page = render_page(st, nonce="n")
+        assert "0 ok, 1 failed" in page and "nothing was stopped, good still serves" in page
         assert await h.stop() == EXIT_OK
     run(scenario())
 

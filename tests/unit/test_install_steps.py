@@ -722,16 +722,52 @@ def test_validate_refuses_with_its_exit_code(lay, src):
 def test_validate_blames_the_new_version_when_only_its_own_unedited_profiles_are_installed(lay, src):
     fake_venv(lay, "a")
     placement.place_config(lay, src, cpu=False)  # profiles/ as shipped, recorded; profiles.d empty
+    calls = []
+    with pytest.raises(InstallError) as e:
+        validate.validate_version(lay, lay.venvs_dir / "a", src, log=lambda _: None,
+                                  run=lambda argv: calls.append(argv) or (1 if "--all-profiles" in argv else 0))
+    assert "the new version is at fault" in str(e.value) and "fix that profile" not in str(e.value)
+    assert "nothing was changed, the running version still serves" in str(e.value)
+    assert sum("--all-profiles" in c for c in calls) == 1  # nothing edited: no second check
 
-    def refuse():
-        with pytest.raises(InstallError) as e:
-            validate.validate_version(lay, lay.venvs_dir / "a", src,
-                                      run=lambda argv: 1 if "--all-profiles" in argv else 0, log=lambda _: None)
-        return str(e.value)
-    assert "the new version is at fault" in refuse()
+
+def _refusal(lay, src, *, shipped_refused: bool) -> tuple[str, list]:
+    """Exit 29 with one profile edited: vLLM refuses it, and the shipped ones too or not."""
+    calls = []
+
+    def run(argv):
+        calls.append(list(argv))
+        if "--all-profiles" not in argv:
+            return 0
+        return 1 if shipped_refused or "--skip-profiles" not in argv else 0
+    with pytest.raises(InstallError) as e:
+        validate.validate_version(lay, lay.venvs_dir / "a", src, run=run, log=lambda _: None)
+    assert e.value.exit_code == codes.EXIT_ARGS
+    return str(e.value), calls
+
+
+def test_exit_29_blames_the_new_version_when_its_unedited_profiles_fail_beside_an_edited_one(lay, src):
+    """All profiles refused, all but one unedited: the version's own code is at fault, whatever the edit."""
+    fake_venv(lay, "a")
+    for name in ("fast", "long"):  # the real version ships nine
+        (src / "etc" / "profiles" / f"{name}.toml").write_text("[engine]\nargs = []\n")
+    placement.place_config(lay, src, cpu=False)
+    edited = lay.profiles_dir / "plain.toml"
+    edited.write_text(edited.read_text() + "\n# tuned here\n")
+    message, calls = _refusal(lay, src, shipped_refused=True)
+    assert "the new version is at fault" in message and "fix that profile" not in message, message
+    assert "nothing was changed, the running version still serves" in message and "report it" in message
+    assert calls[-1][calls[-1].index("--skip-profiles") + 1] == edited.stem  # the shipped ones alone
+
+
+def test_exit_29_blames_the_edit_only_when_the_shipped_profiles_pass_alone(lay, src):
+    fake_venv(lay, "a")
+    placement.place_config(lay, src, cpu=False)
     lay.user_profiles_dir.mkdir(parents=True, exist_ok=True)
     (lay.user_profiles_dir / "mine.toml").write_text("[engine]\nargs = []\n")
-    assert "fix that profile" in refuse()
+    message, _ = _refusal(lay, src, shipped_refused=False)
+    assert "fix that profile" in message and "(mine:" in message and "at fault" not in message, message
+    assert "accepts every profile this version ships" in message
 
 
 def test_a_changed_profile_under_the_current_venv_has_its_arguments_checked(lay, src, monkeypatch, capsys):
