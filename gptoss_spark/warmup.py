@@ -7,6 +7,9 @@ cache directories (service/engine.py), waits for /health and the canary, sends o
 each path that compiles at its first request (greedy, sampled: FlashInfer's top-k/top-p sampler,
 structured output: the grammar bitmask kernel), and stops it. Run it as the service user, so the
 caches it fills are the service's (the installer does; so does `sudo -u gptoss-spark ...`).
+The engine listens on a free port of 127.0.0.1, never on engine.port: beside a running service, or
+before the unit starts on an upgrade, a client of the service must never reach the warm-up's engine
+(nor its start collide with the service's). The port is in no cache's key (warm_key).
 
 Each warm profile gets a marker, cache/warm/<profile>.json, holding the warm key: the versions of
 everything whose change invalidates the compiled kernels (vLLM, torch and the CUDA it was built
@@ -37,6 +40,7 @@ import httpx
 from .base.errors import UserError
 from .base.exit_codes import EXIT_FAILED
 from .base.fsutil import read_json, write_atomic
+from .base.net import free_loopback_port
 from .service.api_access import read_api_key
 from .service.config import Settings, load_settings, resolve_config_path
 from .base.defaults import CONFIG_HELP
@@ -170,7 +174,15 @@ def warm_requests(served: str) -> list[tuple[str, str, dict]]:
     ]
 
 
+def private_listener(settings: Settings) -> Settings:
+    """The settings the warm-up's engine runs under: the service's, listening on a free loopback port.
+    Only engine.host/port differ; the caches (paths.state_dir) and the key are the service's own."""
+    engine = settings.engine.model_copy(update={"host": "127.0.0.1", "port": free_loopback_port()})
+    return settings.model_copy(update={"engine": engine})
+
+
 async def warm_one(settings: Settings, profile: Profile, say=print) -> StartupRecord:
+    settings = private_listener(settings)
     engine = EngineProcess(settings, profile)
     key = read_api_key(settings)
     probe = EngineProbe(engine.base_url, settings.model.served_name, key)

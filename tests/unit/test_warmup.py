@@ -187,3 +187,37 @@ def test_a_profile_across_two_nodes_is_left_to_its_first_start_on_the_pair(tmp_p
     assert main(["warmup", "--check", "--config", cfg]) == 1  # it is not warm, and --check says why
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.split()[:2] == ["pair", "never"] and "its first start on the pair is its warm-up" in line
+
+
+def test_the_warm_up_engine_listens_on_a_free_loopback_port_with_the_services_caches(tmp_path, monkeypatch):
+    """Beside a running service (or before it starts on an upgrade) the warm-up's engine must not take
+    engine.port; its caches and key stay the service's, so the service's next start is warm."""
+    import asyncio
+    import socket
+
+    from gptoss_spark.service.engine import build_argv, build_env
+
+    settings = setup(tmp_path)
+    profile = load_profiles(settings)["demo"]
+    seen = {}
+
+    class Spawned(Exception):
+        pass
+
+    class CapturingEngine:
+        def __init__(self, s, p):
+            seen["argv"] = build_argv(s, p)
+            seen["env"] = build_env(s, p, tmp_path, base={})
+            seen["key"] = warmup.warm_key(s, p)
+            raise Spawned
+
+    monkeypatch.setattr(warmup, "EngineProcess", CapturingEngine)
+    with pytest.raises(Spawned):
+        asyncio.run(warmup.warm_one(settings, profile))
+    argv = seen["argv"]
+    port = int(argv[argv.index("--port") + 1])
+    assert port != settings.engine.port and argv[argv.index("--host") + 1] == "127.0.0.1"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: nothing else listens there
+    service_env = build_env(settings, profile, tmp_path, base={})
+    assert seen["env"] == service_env and seen["key"] == warmup.warm_key(settings, profile)
