@@ -45,15 +45,16 @@ def _clock(at: float) -> str:
     return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%H:%M:%S UTC")
 
 
-def chart(points: Iterable[tuple[float, float]], now: float, label: str, unit: str) -> str:
-    """An SVG line over the last hour; x = time (now at the right edge), y from 0 to the maximum."""
+def chart(points: Iterable[tuple[float, float]], now: float, label: str, unit: str, live: bool = True) -> str:
+    """An SVG line over the last hour; x = time (now at the right edge), y from 0 to the maximum.
+    live: an engine runs and was sampled; else the last point is a stopped engine's, never shown as now."""
     pts = [(t, v) for t, v in points if now - t <= 3600]
     if not pts:
         return f'<p class="muted">{esc(label)}: no samples yet (the engine is not running)</p>'
     top = max(v for _, v in pts) or 1.0
     coords = " ".join(f"{CHART_W * (1 - (now - t) / 3600):.1f},{CHART_H * (1 - v / top):.1f}" for t, v in pts)
-    last = pts[-1][1]
-    return (f'<figure><figcaption>{esc(label)}: now {last:.1f} {esc(unit)}, max {top:.1f} over the last hour'
+    current = f"now {pts[-1][1]:.1f} {esc(unit)}" if live else "no engine running now"
+    return (f'<figure><figcaption>{esc(label)}: {current}, max {top:.1f} over the last hour'
             f'</figcaption><svg viewBox="0 0 {CHART_W} {CHART_H}" preserveAspectRatio="none" role="img" '
             f'aria-label="{esc(label)}"><rect width="{CHART_W}" height="{CHART_H}" class="bg"/>'
             f'<polyline points="{coords}" class="line"/></svg>'
@@ -180,6 +181,7 @@ def render_page(st: SupervisorStatus, nonce: str, now: float | None = None) -> s
         f"<td>{esc(o.status.value)}</td><td>{esc(o.error or '')}</td></tr>"
         for o in list(st.operations.values())[-10:][::-1])
     history = tel.history if tel else ()
+    live = tel is not None and tel.engine_live and st.engine.pid is not None
     sampled = f"sampled {_ago(tel.at, now)}" if tel else "no telemetry sample yet"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
@@ -199,8 +201,8 @@ def render_page(st: SupervisorStatus, nonce: str, now: float | None = None) -> s
 <div id="result" role="status"></div>
 <p class="muted">The token is sent with this one request only; this page never stores it.</p></section>
 <section><h2>Throughput (last hour)</h2>
-{chart(_rate_points(history), now, "generated tokens/s", "tokens/s")}
-{chart([(p.at, p.running) for p in history], now, "running requests", "requests")}</section>
+{chart(_rate_points(history), now, "generated tokens/s", "tokens/s", live)}
+{chart([(p.at, p.running) for p in history], now, "running requests", "requests", live)}</section>
 <section><h2>Memory</h2>{_table(_memory_rows(st, tel))}</section>
 <section><h2>GPU</h2>{_table(_gpu_rows(tel))}</section>
 </div>

@@ -98,3 +98,29 @@ def test_page_says_which_throttle_episodes_were_alerted(tmp_path):
     page = render_page(sup.status(), "nonce")
     assert "<th>episode</th><td>power on GPU 0 (not alerted: not in gpu.alerts)</td>" in page
     assert "<th>episode</th><td>thermal on GPU 0 (alerted)</td>" in page
+
+
+def test_a_stopped_engines_figures_are_not_shown_as_current(tmp_path):
+    """During a switch the old engine is stopped: its last tokens/s and running requests are history,
+    not `now` (on the page, in /admin/status and so in `gptoss-spark status`)."""
+    import dataclasses
+
+    from gptoss_spark.admin.page import render_page
+    from gptoss_spark.service.supervisor import Supervisor
+    from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+    sup = Supervisor(make_settings(tmp_path, {"demo": ""}), memory_source=FakeMemory())
+    ctx = SampleContext("ready", "demo", 42, "http://127.0.0.1:1")
+    for i in range(3):
+        sup.telemetry.record(ctx, GpuReading(unavailable="no NVML"), HostMemory(*[None] * 6),
+                             {RUNNING: 2.0, GENERATED: 1000.0 * i})
+        time.sleep(0.01)
+    running = sup.status()
+    running = dataclasses.replace(running, engine=dataclasses.replace(running.engine, pid=42))
+    assert "running requests: now 2.0 requests" in render_page(running, "n")  # the engine that runs
+    assert running.telemetry.to_json()["engine"]["running"] == 2.0
+    sup.telemetry.record(SampleContext("stopping", "demo", None, None), GpuReading(unavailable="no NVML"),
+                         HostMemory(*[None] * 6), None)  # the engine was stopped for the switch
+    page = render_page(sup.status(), "n")
+    assert "now 2.0" not in page and "running requests: no engine running now" in page
+    assert sup.status().telemetry.to_json()["engine"] is None
