@@ -25,7 +25,7 @@ from .config import Settings
 from .exit_reason import describe_exit
 from . import flashinfer_cache as fi_cache
 from .headless import JOIN_RE, LAUNCHER
-from .logs import ENGINE_LOGGER, vllm_line_level
+from .logs import ENGINE_LOGGER, engine_noise, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
 from .startup import CacheCensus, StartupRecord
@@ -241,8 +241,11 @@ class EngineProcess:
             if line:
                 if self.joined_at is None and JOIN_RE.search(line):
                     self.joined_at = time.monotonic()
-                self.tail.append(line)
                 self.startup.feed(line)
+                if engine_noise(line):  # vLLM's route listing, nanobind's exit report (logs.py)
+                    engine_log.debug(line, pid=pid, profile=self.profile.name)
+                    continue
+                self.tail.append(line)
                 level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
                 shown = level
                 if self.stop_requested and level in ("error", "critical"):

@@ -31,6 +31,19 @@ _VLLM_LEVEL = re.compile(r"^(?:\([^)]*\)\s*)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)
 _TRACEBACK = re.compile(r"^(?:\([^)]*\)\s*)?Traceback \(most recent call last\)")
 
 
+# Engine lines with nothing for an owner, kept at debug (out of the journal at the default level) and
+# out of the engine's tail (the exit reason's source): vLLM's listing of every HTTP route at each start
+# (~35 lines), and nanobind's report of objects still alive at interpreter exit (~80 lines at each stop;
+# its "leaked" objects are the process's last moments, not a leak of the service).
+_NOISE = re.compile(r"^(?:\([^)]*\)\s*)?(?:(?:INFO|DEBUG)\s+\d\d-\d\d\s\S+\s\[[^]]*\]\s+Route: "
+                    r"|nanobind: | - leaked (?:instance|type|function|keep_alive)| - \.\.\. skipped remainder)")
+
+
+def engine_noise(line: str) -> bool:
+    """True for an engine line kept out of the journal at info (see _NOISE)."""
+    return _NOISE.match(line) is not None
+
+
 def vllm_line_level(line: str, previous: str = "info") -> str:
     """The level of one line of engine output. A line with no level of its own (a traceback's
     frames, a multi-line message) continues the entry before it, so it keeps `previous`."""
