@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
+import structlog
 
 from .base.errors import UserError
 from .base.exit_codes import EXIT_FAILED
@@ -44,6 +45,7 @@ from .base.net import free_loopback_port
 from .service.api_access import read_api_key
 from .service.config import Settings, load_settings, resolve_config_path
 from .base.defaults import CONFIG_HELP
+from .service import logs
 from .service.engine import EngineProcess
 from .service.memory import MemoryGuard, ProcMemorySource
 from .service.probes import EngineProbe
@@ -198,9 +200,9 @@ async def warm_one(settings: Settings, profile: Profile, say=print) -> StartupRe
             if time.monotonic() > deadline:
                 raise WarmupError(f"warm-up of profile {profile.name}: not ready within timeouts.load="
                                   f"{settings.timeouts.load:g} s (in phase {rec.current_phase()})")
-            if rec.current_phase() != shown:
+            if rec.current_phase() != shown:  # one line per phase; the engine's own lines are in its log
                 shown = rec.current_phase()
-                say(f"  {profile.name}: {rec.progress_line()}")
+                say(f"  {profile.name}: {shown} (from {rec.phase_began():.0f} s after spawn)")
             if await probe.health(settings.timeouts.probe_timeout):
                 rec.mark("health")
                 error = await probe.canary(settings.timeouts.canary)
@@ -267,6 +269,20 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         return 1 if cold else 0
     for name in sorted(set(skipped) - {p.name for p in chosen}):
         print(f"  {name}: skipped, cannot run on this host ({skipped[name]})")
+    saved = structlog.get_config()
+    try:
+        return _warm_all(settings, chosen, skipped, args)
+    finally:
+        structlog.configure(**saved)  # the engine's log went to the file only for this command
+
+
+def engine_log_path(settings: Settings) -> Path:
+    """Where the warm-up engines' output goes (appended): the terminal gets one line per phase."""
+    return settings.cache_dir / "warm" / "engine.log"
+
+
+def _warm_all(settings: Settings, chosen: list[Profile], skipped: dict[str, str], args: argparse.Namespace) -> int:
+    log_file = None
     t0 = time.monotonic()
     warmed = 0
     for p in chosen:
@@ -286,12 +302,20 @@ def cmd_warmup(args: argparse.Namespace) -> int:
                 print(f"  {p.name}: skipped, {refusal}; its first start will compile instead")
                 continue
             raise WarmupError(f"warm-up of profile {p.name} refused by the memory guard: {refusal}")
+        if log_file is None:
+            path = engine_log_path(settings)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (open for the run)
+            logs.configure("info", json=False, use_journal=False, file=log_file, cache=False)
+            print(f"the warm-up engine's log: {path}", flush=True)
         print(f"warming up profile {p.name} (its engine starts once, then stops)", flush=True)
         rec = asyncio.run(warm_one(settings, p, say=lambda line: print(line, flush=True)))
         write_marker(settings, p, rec)
         print(f"  {p.name}: {describe(rec)}", flush=True)
         warmed += 1
     print(f"warm-up done: {warmed} profile(s) in {time.monotonic() - t0:.0f} s")
+    if log_file is not None:
+        log_file.close()
     return 0
 
 

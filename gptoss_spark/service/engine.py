@@ -28,7 +28,7 @@ from .headless import JOIN_RE, LAUNCHER
 from .logs import ENGINE_LOGGER, engine_noise, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
-from .startup import CacheCensus, StartupRecord
+from .startup import CacheCensus, StartupRecord, absent_phases
 
 log = structlog.get_logger("gptoss_spark.service.engine")
 engine_log = structlog.get_logger(ENGINE_LOGGER)
@@ -225,7 +225,7 @@ class EngineProcess:
             start_new_session=True,  # own session + process group: the unit of stop
         )
         self.started_at = time.monotonic()
-        self.startup = StartupRecord(self.profile.name, spawned_at=self.started_at)
+        self.startup = StartupRecord(self.profile.name, spawned_at=self.started_at, absent=absent_phases(argv))
         self._pump = asyncio.create_task(self._pass_output(), name=f"engine-output-{self.proc.pid}")
         log.info("engine spawned", pid=self.proc.pid, profile=self.profile.name, argv=" ".join(argv))
 

@@ -221,3 +221,32 @@ def test_the_warm_up_engine_listens_on_a_free_loopback_port_with_the_services_ca
         s.bind(("127.0.0.1", port))  # free: nothing else listens there
     service_env = build_env(settings, profile, tmp_path, base={})
     assert seen["env"] == service_env and seen["key"] == warmup.warm_key(settings, profile)
+
+
+def test_the_warm_up_engines_output_goes_to_its_log_file_and_the_terminal_gets_progress(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """The installer's terminal was mostly the warm-up engine's raw log (banner, `Route:` lines,
+    nanobind's leak report): those lines go to one file, named in one line."""
+    import structlog
+
+    from gptoss_spark.service.engine import engine_log
+
+    setup(tmp_path)
+    cfg = str(tmp_path / "gs.toml")
+
+    async def engine_that_logs(settings, profile, say=print):
+        engine_log.info("(APIServer pid=5) INFO 12-07 10:00:00 [api_server.py:1] vLLM API server version 0.32.0",
+                        pid=5, profile=profile.name)
+        say(f"  {profile.name}: weights (from 3 s after spawn)")
+        return ready_record(profile.name)
+
+    monkeypatch.setattr(warmup, "warm_one", engine_that_logs)
+    monkeypatch.setattr(warmup.MemoryGuard, "start_refusal", lambda self, gib: None)
+    before = structlog.get_config()
+    assert main(["warmup", "demo", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    log = tmp_path / "s" / "cache" / "warm" / "engine.log"
+    assert f"the warm-up engine's log: {log}" in out and "demo: weights (from 3 s after spawn)" in out
+    assert "vLLM API server version" not in out
+    assert "vLLM API server version 0.32.0" in log.read_text()
+    assert structlog.get_config()["logger_factory"] is before["logger_factory"]  # put back afterwards
