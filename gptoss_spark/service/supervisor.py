@@ -33,6 +33,7 @@ from .instance import service_name
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .startup import StartupHistory
+from . import warm_marker
 from .profiles import Profile, load_profiles, unknown_profiles
 from .operations import Command, CommandQueue, Operation, Rejected
 from .status import (CommandKind, Counters, EngineStatus, GuardStatus,
@@ -520,6 +521,13 @@ class Supervisor:
         else:
             log.info("engine start" + ("" if ready else " ended before ready"), **fields,
                      compiled="; ".join(compiled) or "nothing")
+        if ready and not compiled:
+            # This start proved the caches warm for the current key (a start after an upgrade that changed
+            # nothing of it, a pair's second start): `doctor` and `warmup --check` must not say "never warmed".
+            try:
+                await asyncio.to_thread(warm_marker.write_marker, self.settings, engine.profile, rec, "service start")
+            except Exception as e:  # a note for doctor: its trouble changes nothing of the service
+                log.warning("warm marker not refreshed", profile=name, reason=str(e))
 
     async def _serve(self, engine: EngineProcess, probe: EngineProbe, name: str) -> _Ended:
         t = self.settings.timeouts

@@ -415,6 +415,28 @@ def test_a_start_that_compiled_warns_and_names_what(tmp_path):
     assert [(e["log_level"], e["compiled"]) for e in warm] == [("info", "nothing")]
 
 
+def test_a_ready_start_that_compiled_nothing_marks_its_profile_warm(tmp_path):
+    """`doctor` and `warmup --check` said "never warmed" while the service served warm: a ready start that
+    compiled nothing proves the caches warm for the current key, so it writes the marker; one that compiled
+    does not."""
+    from gptoss_spark.service.warm_marker import marker_path, warm_state
+
+    async def scenario(mode: str):
+        sup = supervisor(tmp_path, {"p": mode})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        assert await stopped(sup, task) == EXIT_OK
+        return sup
+
+    sup = asyncio.run(scenario("compiles,loading_for=0.5"))
+    profile = sup.profiles["p"]
+    assert warm_state(sup.settings, profile) == "never"  # it compiled: the caches were not warm
+    sup = asyncio.run(scenario(""))  # another environment (no FAKE_ENGINE_MODE), so another key
+    assert warm_state(sup.settings, sup.profiles["p"]) == "warm"
+    marker = json.loads(marker_path(sup.settings, "p").read_text())
+    assert marker["by"] == "service start" and marker["compiled"] == []
+
+
 def test_an_engine_that_got_ready_has_its_arguments_remembered_for_the_next_check(tmp_path):
     """Once ready, the supervisor hands the profile to engine_args_started (argcheck.remember_started
     in service): the first reload after a start needs no vLLM import. Not before ready, and not at all

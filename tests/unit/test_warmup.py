@@ -82,7 +82,7 @@ def test_key_follows_our_code_inside_the_engine_and_nothing_else_of_ours(tmp_pat
     for rel in ("engine_hooks/cute_dsl_cache.py", "kernels/device/moe_down.py", "service/supervisor.py"):
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text("x = 1\n")
-    monkeypatch.setattr(warmup, "__file__", str(pkg / "warmup.py"))
+    monkeypatch.setattr("gptoss_spark.service.warm_marker.PACKAGE_ROOT", pkg)
     key = warmup.warm_key(s, demo)
     (pkg / "service" / "supervisor.py").write_text("x = 2\n")
     assert warmup.warm_key(s, demo) == key  # the supervisor compiles nothing in the engine
@@ -250,3 +250,10 @@ def test_the_warm_up_engines_output_goes_to_its_log_file_and_the_terminal_gets_p
     assert "vLLM API server version" not in out
     assert "vLLM API server version 0.32.0" in log.read_text()
     assert structlog.get_config()["logger_factory"] is before["logger_factory"]  # put back afterwards
+
+
+def test_the_services_copy_of_the_patch_manifest_name_is_the_installers():
+    from gptoss_spark.install.patching import MANIFEST_NAME
+    from gptoss_spark.service.warm_marker import PATCH_MANIFEST
+
+    assert PATCH_MANIFEST == MANIFEST_NAME
