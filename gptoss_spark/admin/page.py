@@ -17,7 +17,7 @@ import html
 import secrets
 import time
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from .. import __version__
 from ..service.status import SupervisorStatus
@@ -115,6 +115,7 @@ STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;max-width:1300px;color:#222;background:#fafafa}
 h1{font-size:20px;margin:0 0 .2em} h2{font-size:15px;margin:1.2em 0 .4em;border-bottom:1px solid #ddd}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:0 2em}
+.grid>section{min-width:0;overflow-wrap:anywhere} select{max-width:100%;min-width:0;flex:1 1 12em}
 .state{display:inline-block;padding:.1em .6em;border-radius:4px;font-weight:600;color:#fff;background:#888}
 .state.ready{background:#2a7d2a}.state.failed{background:#b22}.state.loading,.state.starting{background:#c80}
 table{border-collapse:collapse} th,td{text-align:left;padding:.15em .8em .15em 0;vertical-align:top}
@@ -154,21 +155,54 @@ setInterval(() => { if (!token.value && document.activeElement !== token) locati
 """
 
 
-def render_page(st: SupervisorStatus, nonce: str, now: float | None = None) -> str:
+def _phases(phases: Mapping[str, float]) -> str:
+    return ", ".join(f"{p} {v:.1f} s" for p, v in phases.items())
+
+
+def _start_rows(st: SupervisorStatus) -> list[tuple[str, str]]:
+    """The start under way (its phase, how long since spawn, the phases done) and the last one whole."""
+    rows = []
+    start = st.start
+    if start is not None and start.current:
+        cur = start.current
+        done = _phases(cur.get("phases") or {})
+        rows.append(("start now", f"{cur['phase']}, {cur['seconds']:.0f} s since spawn"
+                                  + (f" (done: {done})" if done else "")))
+    if start is not None and start.last:
+        last = start.last
+        took = f"ready in {last['ready_seconds']:.1f} s" if last.get("ready_seconds") is not None else "not ready"
+        compiled = "; ".join(last.get("compiled") or []) or "nothing"
+        rows.append(("last start", f"{last['profile']}: {took}; {_phases(last.get('phases') or {}) or '-'}; "
+                                   f"compiled {compiled}"))
+    return rows
+
+
+def _option(name: str, description: str, active: bool, why_not: list[str] | None) -> str:
+    """One profile of the switch list; one that cannot run on this host is marked and not selectable."""
+    text = name + (" (active)" if active else "") + (f" - {description}" if description else "")
+    if why_not:
+        text += " - cannot run here: " + "; ".join(why_not)
+    attrs = (" selected" if active else "") + (" disabled" if why_not and not active else "")
+    return f'<option value="{esc(name)}"{attrs} title="{esc(text)}">{esc(text)}</option>'
+
+
+def render_page(st: SupervisorStatus, nonce: str, now: float | None = None,
+                unrunnable: Mapping[str, list[str]] | None = None) -> str:
+    """unrunnable: profile -> why it cannot run on this host (service/fit.why_not), where the caller knows."""
     now = time.time() if now is None else now
     tel = st.telemetry
     state = st.state.value
     op = st.operation
-    options = "".join(
-        f'<option value="{esc(n)}"{" selected" if n == st.profile else ""}>{esc(n)}'
-        f'{" (active)" if n == st.profile else ""}{" - " + esc(p.description) if p.description else ""}</option>'
-        for n, p in sorted(st.profiles.items()))
+    unrunnable = unrunnable or {}
+    options = "".join(_option(n, p.description, n == st.profile, unrunnable.get(n))
+                      for n, p in sorted(st.profiles.items()))
     overview = [("profile", st.profile or "-"), ("last good", st.saved.last_good_profile or "-"),
                 ("engine", f"pid {st.engine.pid}" if st.engine.pid else "not running"),
                 ("uptime", f"{st.uptime_seconds:.0f} s"),
                 ("restarts", f"{st.counters.restarts} ({st.counters.recent_failures} recent failures)"),
                 ("switches", f"{st.counters.switches_ok} ok, {st.counters.switches_failed} failed"),
                 ("last error", st.last_error or "-")]
+    overview += _start_rows(st)
     if op is not None:
         overview.append(("operation", f"{op.kind.value} -> {op.target}: {op.status.value}"
                                       + (f" ({op.error})" if op.error else "")))
