@@ -4,6 +4,7 @@ atomic switch, rollback, config placement, token, unit, uninstall, dry runs."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -946,3 +947,18 @@ def test_a_hangup_to_the_installers_process_group_is_reported_and_exits_129(tmp_
     assert p.returncode == 129, (p.returncode, err)
     assert "interrupted by SIGHUP during its 'build' step" in err
     assert "interrupted by SIGHUP" in log.read_text()
+
+
+def test_pip_silent_while_it_installs_still_shows_a_heartbeat(tmp_path, monkeypatch):
+    """pip prints nothing for minutes while it unpacks torch: the terminal had no line at all then."""
+    import io
+
+    monkeypatch.setattr(venvs, "PIP_HEARTBEAT_SECONDS", 0.05)
+    script = ("import time\nprint('Collecting a==1', flush=True)\nprint('Collecting b==1', flush=True)\n"
+              "print('Installing collected packages: a, b', flush=True)\ntime.sleep(1.5)\n"
+              "print('Successfully installed a-1 b-1')\n")
+    out = io.StringIO()
+    assert venvs.run_pip([sys.executable, "-c", script], None, None, out=out, err=io.StringIO()) == 0
+    lines = out.getvalue().splitlines()
+    assert any(re.fullmatch(r"    pip: installing 2 packages, \d+ s so far", line) for line in lines), lines
+    assert lines[-1] == "    pip: done, 2 packages"
