@@ -115,7 +115,8 @@ STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;max-width:1300px;color:#222;background:#fafafa}
 h1{font-size:20px;margin:0 0 .2em} h2{font-size:15px;margin:1.2em 0 .4em;border-bottom:1px solid #ddd}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:0 2em}
-.grid>section{min-width:0;overflow-wrap:anywhere} select{max-width:100%;min-width:0;flex:1 1 12em}
+.grid>section{min-width:0} td{overflow-wrap:anywhere} th{white-space:nowrap}
+select{max-width:100%;min-width:0;flex:1 1 12em}
 .state{display:inline-block;padding:.1em .6em;border-radius:4px;font-weight:600;color:#fff;background:#888}
 .state.ready{background:#2a7d2a}.state.failed{background:#b22}.state.loading,.state.starting{background:#c80}
 table{border-collapse:collapse} th,td{text-align:left;padding:.15em .8em .15em 0;vertical-align:top}
