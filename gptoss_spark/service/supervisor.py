@@ -525,7 +525,7 @@ class Supervisor:
             # This start proved the caches warm for the current key (a start after an upgrade that changed
             # nothing of it, a pair's second start): `doctor` and `warmup --check` must not say "never warmed".
             try:
-                await asyncio.to_thread(warm_marker.write_marker, self.settings, engine.profile, rec, "service start")
+                await asyncio.to_thread(warm_marker.mark_warm_after_start, self.settings, engine.profile, rec)
             except Exception as e:  # a note for doctor: its trouble changes nothing of the service
                 log.warning("warm marker not refreshed", profile=name, reason=str(e))
 

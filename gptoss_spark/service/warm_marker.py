@@ -114,3 +114,12 @@ def write_marker(settings: Settings, profile: Profile, rec: StartupRecord, by: s
     path = marker_path(settings, profile.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def mark_warm_after_start(settings: Settings, profile: Profile, rec: StartupRecord) -> bool:
+    """After a ready start that compiled nothing: write the marker unless it already says warm for this key
+    (a warm-up's marker, with what the warm-up compiled, is kept). True if it wrote one."""
+    if warm_state(settings, profile) == "warm":
+        return False
+    write_marker(settings, profile, rec, by="service start")
+    return True
