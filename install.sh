@@ -123,11 +123,14 @@ cat "${TMPDIR:-/tmp}/gptoss-spark-lock.$$" >&2; rm -f "${TMPDIR:-/tmp}/gptoss-sp
 
 # The full output of an install (pip's whole output too: its steps show only progress and its
 # errors) goes to a log file, named as the last line. The tee processes close the lock's fd 9:
-# they outlive this shell by a moment and must not hold the lock.
+# they outlive this shell by a moment and must not hold the lock. They ignore the signals the
+# trap above reports (a hangup reaches the whole process group: a tee that died first made the
+# trap's message a SIGPIPE, exit 141 in silence) and keep writing the log when the terminal is gone.
 if [ "$ACTION" = install ] && [ "$DRY_RUN" != 1 ]; then
     INSTALL_LOG=/var/log/gptoss-spark-install.log
     { echo; echo "==== install.sh $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'), source $SRC)"; } >>"$INSTALL_LOG"
-    exec > >(exec 9>&-; tee -a "$INSTALL_LOG") 2> >(exec 9>&-; tee -a "$INSTALL_LOG" >&2)
+    exec > >(trap '' HUP INT TERM PIPE; exec 9>&-; exec tee -a --output-error=warn "$INSTALL_LOG") \
+        2> >(trap '' HUP INT TERM PIPE; exec 9>&-; exec tee -a --output-error=warn "$INSTALL_LOG" >&2)
     export GPTOSS_SPARK_INSTALL_LOG="$INSTALL_LOG"
 fi
 

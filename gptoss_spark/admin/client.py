@@ -127,19 +127,25 @@ def switch_limit(settings: Settings) -> float:
     return t.drain + t.shutdown_grace + t.load + 60
 
 
+def _state(client: Client):
+    r = client.request("GET", "/admin/health")
+    health = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    return state_of(health) if health.get("state") else None  # an error body has none: skip it
+
+
 def wait_operation(client: Client, op: dict, limit: float, on_state=None) -> dict:
-    """Poll the operation until it ends; on_state(state) hears each new service state on the way."""
+    """Poll the operation until it ends; on_state(state) hears each new service state on the way:
+    each one after the state the service was in when the operation was accepted (that one is the
+    old engine's: a switch refused before it stopped anything would show `ready` just before FAILED)."""
     deadline = time.monotonic() + limit
-    last_state = None
+    last_state = _state(client) if on_state is not None else None
     while operation_of(op).status.in_progress:
         if time.monotonic() > deadline:
             raise ApiError(f"operation {op['id']} still {op['status']} after {limit:g} s; "
                            "follow it with `gptoss-spark status`")
         time.sleep(POLL_SECONDS)
         if on_state is not None:
-            r = client.request("GET", "/admin/health")
-            health = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-            state = state_of(health) if health.get("state") else None  # an error body has none: skip it
+            state = _state(client)
             if state and state != last_state:
                 on_state(state.value)
                 last_state = state

@@ -17,7 +17,7 @@ import html
 import secrets
 import time
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from .. import __version__
 from ..service.status import SupervisorStatus
@@ -45,15 +45,16 @@ def _clock(at: float) -> str:
     return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%H:%M:%S UTC")
 
 
-def chart(points: Iterable[tuple[float, float]], now: float, label: str, unit: str) -> str:
-    """An SVG line over the last hour; x = time (now at the right edge), y from 0 to the maximum."""
+def chart(points: Iterable[tuple[float, float]], now: float, label: str, unit: str, live: bool = True) -> str:
+    """An SVG line over the last hour; x = time (now at the right edge), y from 0 to the maximum.
+    live: an engine runs and was sampled; else the last point is a stopped engine's, never shown as now."""
     pts = [(t, v) for t, v in points if now - t <= 3600]
     if not pts:
         return f'<p class="muted">{esc(label)}: no samples yet (the engine is not running)</p>'
     top = max(v for _, v in pts) or 1.0
     coords = " ".join(f"{CHART_W * (1 - (now - t) / 3600):.1f},{CHART_H * (1 - v / top):.1f}" for t, v in pts)
-    last = pts[-1][1]
-    return (f'<figure><figcaption>{esc(label)}: now {last:.1f} {esc(unit)}, max {top:.1f} over the last hour'
+    current = f"now {pts[-1][1]:.1f} {esc(unit)}" if live else "no engine running now"
+    return (f'<figure><figcaption>{esc(label)}: {current}, max {top:.1f} over the last hour'
             f'</figcaption><svg viewBox="0 0 {CHART_W} {CHART_H}" preserveAspectRatio="none" role="img" '
             f'aria-label="{esc(label)}"><rect width="{CHART_W}" height="{CHART_H}" class="bg"/>'
             f'<polyline points="{coords}" class="line"/></svg>'
@@ -114,6 +115,8 @@ STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;max-width:1300px;color:#222;background:#fafafa}
 h1{font-size:20px;margin:0 0 .2em} h2{font-size:15px;margin:1.2em 0 .4em;border-bottom:1px solid #ddd}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:0 2em}
+.grid>section{min-width:0} td{overflow-wrap:anywhere} th{white-space:nowrap}
+select{max-width:100%;min-width:0;flex:1 1 12em}
 .state{display:inline-block;padding:.1em .6em;border-radius:4px;font-weight:600;color:#fff;background:#888}
 .state.ready{background:#2a7d2a}.state.failed{background:#b22}.state.loading,.state.starting{background:#c80}
 table{border-collapse:collapse} th,td{text-align:left;padding:.15em .8em .15em 0;vertical-align:top}
@@ -153,21 +156,54 @@ setInterval(() => { if (!token.value && document.activeElement !== token) locati
 """
 
 
-def render_page(st: SupervisorStatus, nonce: str, now: float | None = None) -> str:
+def _phases(phases: Mapping[str, float]) -> str:
+    return ", ".join(f"{p} {v:.1f} s" for p, v in phases.items())
+
+
+def _start_rows(st: SupervisorStatus) -> list[tuple[str, str]]:
+    """The start under way (its phase, how long since spawn, the phases done) and the last one whole."""
+    rows = []
+    start = st.start
+    if start is not None and start.current:
+        cur = start.current
+        done = _phases(cur.get("phases") or {})
+        rows.append(("start now", f"{cur['phase']}, {cur['seconds']:.0f} s since spawn"
+                                  + (f" (done: {done})" if done else "")))
+    if start is not None and start.last:
+        last = start.last
+        took = f"ready in {last['ready_seconds']:.1f} s" if last.get("ready_seconds") is not None else "not ready"
+        compiled = "; ".join(last.get("compiled") or []) or "nothing"
+        rows.append(("last start", f"{last['profile']}: {took}; {_phases(last.get('phases') or {}) or '-'}; "
+                                   f"compiled {compiled}"))
+    return rows
+
+
+def _option(name: str, description: str, active: bool, why_not: list[str] | None) -> str:
+    """One profile of the switch list; one that cannot run on this host is marked and not selectable."""
+    text = name + (" (active)" if active else "") + (f" - {description}" if description else "")
+    if why_not:
+        text += " - cannot run here: " + "; ".join(why_not)
+    attrs = (" selected" if active else "") + (" disabled" if why_not and not active else "")
+    return f'<option value="{esc(name)}"{attrs} title="{esc(text)}">{esc(text)}</option>'
+
+
+def render_page(st: SupervisorStatus, nonce: str, now: float | None = None,
+                unrunnable: Mapping[str, list[str]] | None = None) -> str:
+    """unrunnable: profile -> why it cannot run on this host (service/fit.why_not), where the caller knows."""
     now = time.time() if now is None else now
     tel = st.telemetry
     state = st.state.value
     op = st.operation
-    options = "".join(
-        f'<option value="{esc(n)}"{" selected" if n == st.profile else ""}>{esc(n)}'
-        f'{" (active)" if n == st.profile else ""}{" - " + esc(p.description) if p.description else ""}</option>'
-        for n, p in sorted(st.profiles.items()))
+    unrunnable = unrunnable or {}
+    options = "".join(_option(n, p.description, n == st.profile, unrunnable.get(n))
+                      for n, p in sorted(st.profiles.items()))
     overview = [("profile", st.profile or "-"), ("last good", st.saved.last_good_profile or "-"),
                 ("engine", f"pid {st.engine.pid}" if st.engine.pid else "not running"),
                 ("uptime", f"{st.uptime_seconds:.0f} s"),
                 ("restarts", f"{st.counters.restarts} ({st.counters.recent_failures} recent failures)"),
                 ("switches", f"{st.counters.switches_ok} ok, {st.counters.switches_failed} failed"),
                 ("last error", st.last_error or "-")]
+    overview += _start_rows(st)
     if op is not None:
         overview.append(("operation", f"{op.kind.value} -> {op.target}: {op.status.value}"
                                       + (f" ({op.error})" if op.error else "")))
@@ -180,6 +216,7 @@ def render_page(st: SupervisorStatus, nonce: str, now: float | None = None) -> s
         f"<td>{esc(o.status.value)}</td><td>{esc(o.error or '')}</td></tr>"
         for o in list(st.operations.values())[-10:][::-1])
     history = tel.history if tel else ()
+    live = tel is not None and tel.engine_live and st.engine.pid is not None
     sampled = f"sampled {_ago(tel.at, now)}" if tel else "no telemetry sample yet"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
@@ -199,8 +236,8 @@ def render_page(st: SupervisorStatus, nonce: str, now: float | None = None) -> s
 <div id="result" role="status"></div>
 <p class="muted">The token is sent with this one request only; this page never stores it.</p></section>
 <section><h2>Throughput (last hour)</h2>
-{chart(_rate_points(history), now, "generated tokens/s", "tokens/s")}
-{chart([(p.at, p.running) for p in history], now, "running requests", "requests")}</section>
+{chart(_rate_points(history), now, "generated tokens/s", "tokens/s", live)}
+{chart([(p.at, p.running) for p in history], now, "running requests", "requests", live)}</section>
 <section><h2>Memory</h2>{_table(_memory_rows(st, tel))}</section>
 <section><h2>GPU</h2>{_table(_gpu_rows(tel))}</section>
 </div>

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable
 
-from .exit_codes import EXIT_INTERRUPTED, EXIT_REQUIREMENT, EXIT_USAGE
+from .exit_codes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_REQUIREMENT, EXIT_USAGE
 
 
 class UserError(Exception):
@@ -34,11 +35,29 @@ class RequirementError(UserError):
 
 def run_command(func: Callable[[Any], int | None], args: Any, prog: str) -> int:
     """Run a parsed command: its exit code; a UserError as one line on stderr (`PROG: error: ...`)
-    and its own code, never a traceback; Ctrl-C as 130. Every entry point runs commands through it."""
+    and its own code, never a traceback; Ctrl-C as 130; a reader that went away (`| head`) as 141,
+    silently, as `cat` would. Every entry point runs commands through it."""
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is still caught, not at the interpreter's exit
+        return code
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter flushes it once more at exit, and that flush into
+    the closed pipe would print its own BrokenPipeError (the Python docs' recipe, signal.rst)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is no file descriptor (a test's capture): nothing will flush into the pipe
+    finally:
+        os.close(devnull)

@@ -61,6 +61,7 @@ EXIT_NOPERM = 77           # the admin token file is unreadable, or the token wa
 # ---- interrupted by a signal: 128 + its number, as shells report it (install.sh's trap exits so)
 EXIT_HANGUP = 129          # SIGHUP: install.sh's terminal went away (an ssh session closed)
 EXIT_INTERRUPTED = 130     # SIGINT: Ctrl-C
+EXIT_BROKEN_PIPE = 141     # SIGPIPE: the reader of a command's output went away (`| head`)
 EXIT_TERMINATED = 143      # SIGTERM: install.sh was told to stop (kill, a shutdown)
 
 

@@ -4,6 +4,7 @@ doctor, and the clients of the engine and the admin API."""
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 
 def is_loopback(host: str) -> bool:
@@ -25,3 +26,10 @@ def local_url(host: str, port: int) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def free_loopback_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now, picked by the kernel (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

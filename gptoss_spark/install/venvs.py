@@ -136,6 +136,7 @@ Runner = Callable[[Sequence[str]], int]
 # install.sh names its full log here: pip's whole output goes there, the terminal gets its errors.
 INSTALL_LOG_ENV = "GPTOSS_SPARK_INSTALL_LOG"
 PIP_PROGRESS_EVERY = 25  # packages between two progress lines
+PIP_HEARTBEAT_SECONDS = 30.0  # a line at least this often while pip prints nothing of its progress
 
 
 def default_runner(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
@@ -155,15 +156,33 @@ def run_pip(argv: list[str], env: dict[str, str] | None, log_path: str | None,
     log = open(log_path, "a", encoding="utf-8") if log_path else None
     collected = 0
     recent: collections.deque[str] = collections.deque(maxlen=15)
+    # pip is silent for minutes while it unpacks torch and the rest ("Installing collected packages"):
+    # a heartbeat line every PIP_HEARTBEAT_SECONDS says it still works, and at what.
+    doing = ["starting"]
+    started = time.monotonic()
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(PIP_HEARTBEAT_SECONDS):
+            print(f"    pip: {doing[0]}, {time.monotonic() - started:.0f} s so far", file=out, flush=True)
+
+    beat = threading.Thread(target=heartbeat, name="pip-heartbeat", daemon=True)
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace")
         assert proc.stdout is not None
+        beat.start()
         in_error = False
         for line in proc.stdout:
             if log:
                 log.write(line)
             text = line.rstrip("\n")
+            if text.startswith(("Collecting ", "Processing ")):
+                doing[0] = f"collecting ({collected + 1} packages)"
+            elif text.startswith("Downloading "):
+                doing[0] = f"downloading ({collected} packages collected)"
+            elif text.startswith("Installing collected packages"):
+                doing[0] = f"installing {collected} packages"
             if text.startswith(("Collecting ", "Processing ")):
                 collected += 1
                 if collected % PIP_PROGRESS_EVERY == 0:
@@ -179,6 +198,9 @@ def run_pip(argv: list[str], env: dict[str, str] | None, log_path: str | None,
                 recent.append(text)
         rc = proc.wait()
     finally:
+        done.set()
+        if beat.is_alive():
+            beat.join()
         if log:
             log.close()
     if rc == 0:

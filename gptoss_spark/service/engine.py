@@ -25,10 +25,10 @@ from .config import Settings
 from .exit_reason import describe_exit, exception_line
 from . import flashinfer_cache as fi_cache
 from .headless import JOIN_RE, LAUNCHER
-from .logs import ENGINE_LOGGER, vllm_line_level
+from .logs import ENGINE_LOGGER, engine_noise, vllm_line_level
 from .memory import ProcMemorySource
 from .profiles import Profile
-from .startup import CacheCensus, StartupRecord
+from .startup import CacheCensus, StartupRecord, absent_phases
 
 log = structlog.get_logger("gptoss_spark.service.engine")
 engine_log = structlog.get_logger(ENGINE_LOGGER)
@@ -228,7 +228,7 @@ class EngineProcess:
             start_new_session=True,  # own session + process group: the unit of stop
         )
         self.started_at = time.monotonic()
-        self.startup = StartupRecord(self.profile.name, spawned_at=self.started_at)
+        self.startup = StartupRecord(self.profile.name, spawned_at=self.started_at, absent=absent_phases(argv))
         self._pump = asyncio.create_task(self._pass_output(), name=f"engine-output-{self.proc.pid}")
         log.info("engine spawned", pid=self.proc.pid, profile=self.profile.name, argv=" ".join(argv))
 
@@ -244,10 +244,13 @@ class EngineProcess:
             if line:
                 if self.joined_at is None and JOIN_RE.search(line):
                     self.joined_at = time.monotonic()
+                self.startup.feed(line)
+                if engine_noise(line):  # vLLM's route listing, nanobind's exit report (logs.py)
+                    engine_log.debug(line, pid=pid, profile=self.profile.name)
+                    continue
                 self.tail.append(line)
                 if exception_line(line):
                     self.exceptions.append(line)
-                self.startup.feed(line)
                 level = vllm_line_level(line, level)  # an engine WARNING is a warning in the journal too
                 shown = level
                 if self.stop_requested and level in ("error", "critical"):

@@ -31,6 +31,19 @@ _VLLM_LEVEL = re.compile(r"^(?:\([^)]*\)\s*)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)
 _TRACEBACK = re.compile(r"^(?:\([^)]*\)\s*)?Traceback \(most recent call last\)")
 
 
+# Engine lines with nothing for an owner, kept at debug (out of the journal at the default level) and
+# out of the engine's tail (the exit reason's source): vLLM's listing of every HTTP route at each start
+# (~35 lines), and nanobind's report of objects still alive at interpreter exit (~80 lines at each stop;
+# its "leaked" objects are the process's last moments, not a leak of the service).
+_NOISE = re.compile(r"^(?:\([^)]*\)\s*)?(?:(?:INFO|DEBUG)\s+\d\d-\d\d\s\S+\s\[[^]]*\]\s+Route: "
+                    r"|nanobind: | - leaked (?:instance|type|function|keep_alive)| - \.\.\. skipped remainder)")
+
+
+def engine_noise(line: str) -> bool:
+    """True for an engine line kept out of the journal at info (see _NOISE)."""
+    return _NOISE.match(line) is not None
+
+
 def vllm_line_level(line: str, previous: str = "info") -> str:
     """The level of one line of engine output. A line with no level of its own (a traceback's
     frames, a multi-line message) continues the entry before it, so it keeps `previous`."""
@@ -97,7 +110,9 @@ def _as_kwargs(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any
 
 
 def configure(level: str = "info", *, json: bool | None = None, journal_sender: journal.JournalSender | None = None,
-              use_journal: bool | None = None) -> None:
+              use_journal: bool | None = None, file: Any = None, cache: bool = True) -> None:
+    """file: write the lines there instead of stderr (the warm-up's engine log); cache=False for a
+    configuration that is put back afterwards (a cached logger would keep writing to the file)."""
     if use_journal is None:
         use_journal = journal_sender is not None or journal.stream_is_journal(sys.stderr.fileno())
     common = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level]
@@ -105,16 +120,17 @@ def configure(level: str = "info", *, json: bool | None = None, journal_sender: 
         processors = [*common, structlog.processors.format_exc_info, _as_kwargs]
         factory: Any = JournalLoggerFactory(journal_sender)
     else:
+        out = sys.stderr if file is None else file
         if json is None:
-            json = not sys.stderr.isatty()
+            json = not out.isatty()
         renderer = (structlog.processors.JSONRenderer(ensure_ascii=False) if json
                     else structlog.dev.ConsoleRenderer(colors=False))
         processors = [*common, structlog.processors.TimeStamper(fmt="iso", utc=True),
                       structlog.processors.format_exc_info, renderer]
-        factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        factory = structlog.PrintLoggerFactory(file=out)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=factory,
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )

@@ -66,6 +66,20 @@ COMPILE_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
                                     r" during inference: \S+)")),
     ("triton-autotune", re.compile(r"Triton autotuning for function (?P<what>\S+) finished after (?P<s>[\d.]+)s")),
 )
+# vLLM's platform line (platforms/__init__.py): a CPU engine captures no CUDA graphs.
+PLATFORM_LINE = re.compile(r"Automatically detected platform (?P<platform>\w+)")
+# Phases a start cannot have: --enforce-eager runs the model eagerly (no torch.compile, no CUDA graphs);
+# a CPU engine has no graphs. Their markers' lines, if any (the CPU runner's "Warming up done." under
+# --enforce-eager), are then no milestone: a start that compiled nothing shows no compile phase.
+EAGER_ABSENT = frozenset({"compile", "warmup", "graphs"})
+CPU_ABSENT = frozenset({"warmup", "graphs"})
+
+
+def absent_phases(argv: list[str] | tuple[str, ...]) -> frozenset[str]:
+    """The phases an engine started with this argv will not go through."""
+    return EAGER_ABSENT if "--enforce-eager" in argv else frozenset()
+
+
 CACHE_HIT_LINES = (
     re.compile(r"Directly load the compiled graph\(s\) for compile range"),
     re.compile(r"Directly load AOT compilation from path"),
@@ -131,11 +145,14 @@ class StartupRecord:
     cache_hits: int = 0
     cache_added: dict[str, int] = field(default_factory=dict)
     ready_seconds: float | None = None
+    absent: frozenset[str] = frozenset()  # phases this start does not have (absent_phases)
 
     def feed(self, line: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if (p := PLATFORM_LINE.search(line)) and p.group("platform") == "cpu":
+            self.absent |= CPU_ABSENT
         for phase, pat in MARKERS:
-            if phase not in self.milestones and (m := pat.search(line)):
+            if phase not in self.milestones and phase not in self.absent and (m := pat.search(line)):
                 self.milestones[phase] = now - self.spawned_at
                 if phase == "graphs":  # capture began its own length before this line
                     self.milestones["warmup"] = max(0.0, self.milestones[phase] - float(m.group("s")))
@@ -158,10 +175,13 @@ class StartupRecord:
     def current_phase(self, now: float | None = None) -> str:
         """The phase a start is in now: the one after the last milestone seen."""
         seen = [p for p in PHASES if p in self.milestones]
-        if not seen:
-            return PHASES[0]
-        after = PHASES.index(seen[-1]) + 1
-        return PHASES[after] if after < len(PHASES) else "ready"
+        after = PHASES.index(seen[-1]) + 1 if seen else 0
+        ahead = [p for p in PHASES[after:] if p not in self.absent]
+        return ahead[0] if ahead else "ready"
+
+    def phase_began(self) -> float:
+        """Seconds after spawn at which the current phase began (its predecessor's milestone)."""
+        return max(self.milestones.values(), default=0.0)
 
     def phases(self) -> dict[str, float]:
         """Seconds per phase that occurred, in order; they add up to the last milestone's time."""
@@ -181,8 +201,10 @@ class StartupRecord:
         return what
 
     def progress_line(self, now: float | None = None) -> str:
+        """Where the start is now: `weights for 12 s, 40 s since spawn` (both as of now)."""
         now = time.monotonic() if now is None else now
-        return f"{self.current_phase(now)} {now - self.spawned_at:.0f} s"
+        elapsed = now - self.spawned_at
+        return f"{self.current_phase(now)} for {max(0.0, elapsed - self.phase_began()):.0f} s, {elapsed:.0f} s since spawn"
 
     def to_json(self) -> dict:
         return {

@@ -33,6 +33,7 @@ from .instance import service_name
 from .memory import MemoryGuard, MemorySource, ProcMemorySource
 from .probes import EngineProbe
 from .startup import StartupHistory
+from . import warm_marker
 from .profiles import Profile, load_profiles, unknown_profiles
 from .operations import Command, CommandQueue, Operation, Rejected
 from .status import (CommandKind, Counters, EngineStatus, GuardStatus,
@@ -50,6 +51,7 @@ log = structlog.get_logger("gptoss_spark.service.supervisor")
 # or EXIT_GAVE_UP; the unit's RestartPreventExitStatus lists the last three (states.after_failure decides).
 
 LOAD_POLL_SECONDS = 1.0
+STATUS_REFRESH_SECONDS = 5.0  # how often STATUS= says again how long a start's phase has run
 HEALTH_FAILURES_BEFORE_RESTART = 3
 # _serve's reasons for restarting an engine that is alive but not serving (alerts: "wedged").
 WEDGE_REASONS = ("wedged: ", "engine /health failed")
@@ -526,11 +528,14 @@ class Supervisor:
                 exit_task.cancel()
 
     def _report_load_progress(self, engine: EngineProcess, name: str) -> None:
-        """STATUS= names the start's phase while loading (systemctl status shows where it is)."""
-        phase = engine.startup.current_phase()
-        if phase != self._load_phase_shown:
-            self._load_phase_shown = phase
-            self.notifier.status(f"loading: profile {name} ({engine.startup.progress_line()})"[:200])
+        """STATUS= names the start's phase and how long it has run (systemctl status shows where it is),
+        sent at each new phase and every STATUS_REFRESH_SECONDS within one: a bounded rate to systemd."""
+        rec = engine.startup
+        now = time.monotonic()
+        shown = (rec.current_phase(now), int((now - rec.spawned_at) // STATUS_REFRESH_SECONDS))
+        if shown != self._load_phase_shown:
+            self._load_phase_shown = shown
+            self.notifier.status(f"loading: profile {name} ({rec.progress_line(now)})"[:200])
 
     def _remember_started(self, profile: Profile) -> None:
         if self.engine_args_started is None:
@@ -557,6 +562,13 @@ class Supervisor:
         else:
             log.info("engine start" + ("" if ready else " ended before ready"), **fields,
                      compiled="; ".join(compiled) or "nothing")
+        if ready and not compiled:
+            # This start proved the caches warm for the current key (a start after an upgrade that changed
+            # nothing of it, a pair's second start): `doctor` and `warmup --check` must not say "never warmed".
+            try:
+                await asyncio.to_thread(warm_marker.mark_warm_after_start, self.settings, engine.profile, rec)
+            except Exception as e:  # a note for doctor: its trouble changes nothing of the service
+                log.warning("warm marker not refreshed", profile=name, reason=str(e))
 
     async def _serve(self, engine: EngineProcess, probe: EngineProbe, name: str) -> _Ended:
         t = self.settings.timeouts

@@ -52,10 +52,13 @@ class TelemetrySnapshot:
     episodes: tuple[tuple[str, int], ...]  # (kind, gpu) throttle episodes going on
     episodes_total: tuple[tuple[str, int], ...]  # (kind, count) episodes started since the supervisor started
     alert_kinds: frozenset[str] = frozenset()  # gpu.alerts: the kinds whose episodes send an alert
+    # Whether this sample read an engine's counters: when not (stopped for a switch, crashed, loading),
+    # the history's last point is a figure of an engine that is gone, not a current one.
+    engine_live: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """/admin/status's `telemetry` (the history stays out: the status page renders it)."""
-        last = self.history[-1] if self.history else None
+        last = self.history[-1] if self.history and self.engine_live else None
         return {"sampled_at": self.at, "gpu": self.gpu.to_json(), "memory": self.memory.to_json(),
                 "throttle_episodes": [{"kind": k, "gpu": g} for k, g in self.episodes],
                 "engine": None if last is None else {"tokens_per_second": last.tokens_per_second,
@@ -180,7 +183,8 @@ class TelemetrySampler:
             if c.started:
                 self._episodes_total[c.kind] = self._episodes_total.get(c.kind, 0) + 1
         self.latest = TelemetrySnapshot(now, gpu, memory, tuple(self._history), tuple(self.watch.active()),
-                                        tuple(sorted(self._episodes_total.items())), self.watch.alerts)
+                                        tuple(sorted(self._episodes_total.items())), self.watch.alerts,
+                                        engine_live=counters is not None)
         for c in changes:
             if c.started and c.alert:
                 log.warning("gpu throttle episode", kind=c.kind, gpu=c.device, reason=c.reason)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -48,7 +50,23 @@ def warmed(demo_model_dir):
     def warm_up(svc):
         (svc.tmp / "profiles" / "demo.toml").write_text(compiled_profile(svc.tmp / "state"))
         assert cli(svc, "warmup", "--check").returncode == 1  # nothing warm yet
-        out["warmup"] = cli(svc, "warmup", "demo", timeout=WARMUP_TIMEOUT)
+        done, answered = threading.Event(), []
+
+        def watch_the_service_port():  # the warm-up's engine must never take engine.port (warmup.py)
+            while not done.wait(0.2):
+                with socket.socket() as s:
+                    s.settimeout(0.2)
+                    if s.connect_ex(("127.0.0.1", svc.engine_port)) == 0:
+                        answered.append(True)
+
+        watcher = threading.Thread(target=watch_the_service_port, daemon=True)
+        watcher.start()
+        try:
+            out["warmup"] = cli(svc, "warmup", "demo", timeout=WARMUP_TIMEOUT)
+        finally:
+            done.set()
+            watcher.join()
+        out["service_port_answered"] = bool(answered)
         out["check"] = cli(svc, "warmup", "--check")
 
     with running_service(demo_model_dir, {"demo": profile_toml("compiled demo", COMPILED_ARGS)},
@@ -63,6 +81,7 @@ def test_warmup_compiles_once_and_marks_the_profile_warm(warmed):
     line = next(ln for ln in w.stdout.splitlines() if ln.strip().startswith("demo: ready in"))
     assert "compiled nothing" not in line, line  # the cold start compiled the model (Inductor, AOT)
     assert "warm-up done: 1 profile(s)" in w.stdout
+    assert not warmed["service_port_answered"], "the warm-up's engine listened on the service's engine.port"
     marker = json.loads((warmed["svc"].tmp / "state" / "cache" / "warm" / "demo.json").read_text())
     assert marker["phases"]["compile"] > 0 and marker["compiled"], marker
     assert warmed["check"].returncode == 0 and warmed["check"].stdout.split() == ["demo", "warm"]

@@ -853,6 +853,10 @@ def test_stop_leaves_no_process(ns):
     # stay below priority err.
     errs = ns.sh(f"journalctl -u gptoss-spark --no-pager -o cat -p err --since=@{t0}").stdout.strip()
     assert errs == "", errs
+    # nanobind's exit report (~80 lines a stop) is kept below the journal's level (logs.engine_noise).
+    leaks = ns.sh(f"journalctl -u gptoss-spark --no-pager -o cat --since=@{t0} | grep -c '^nanobind: '",
+                  check=False).stdout.strip()
+    assert leaks == "0", f"{leaks} nanobind lines in the journal of one stop"
     assert show(ns, "ActiveState")["ActiveState"] in ("inactive", "failed")
     assert show(ns, "Result")["Result"] == "success"
     assert ns.sh("ps -u gptoss-spark -o pid=,comm=", check=False).stdout.strip() == ""

@@ -199,6 +199,26 @@ def test_profile_switch_waits_and_reports_a_failure_with_its_rollback(service, c
     assert re.search(r"^demo serves again, \d+ s after the switch began$", err, re.M), err
 
 
+def test_a_switch_refused_before_it_stops_anything_shows_no_state_of_the_old_engine(service, config, capsys):
+    """A switch refused at once (vLLM's argument check) never leaves `ready`: the progress must not
+    open with the old engine's `ready` just before FAILED."""
+    service.do(lambda: make_ready(service.sup))
+
+    def refuse_it_later():
+        async def go():
+            while service.sup.commands.pending is None:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(2.5)  # the CLI polls the health (still the old engine's ready) meanwhile
+            service.sup.commands.pending.op.finish(False, "vLLM rejects profile demo-b's engine arguments")
+        return asyncio.ensure_future(go())
+
+    service.do(refuse_it_later)
+    assert cli.main(["profile", "demo-b", "--config", str(config)]) == 1
+    out, err = capsys.readouterr()
+    assert "switch to demo-b FAILED: vLLM rejects" in err
+    assert "ready" not in out.split("operation", 1)[-1], out
+
+
 def test_switch_to_the_active_profile_is_a_noop(service, config, capsys):
     service.do(lambda: make_ready(service.sup))
     assert cli.main(["profile", "demo", "--config", str(config)]) == 0

@@ -99,3 +99,14 @@ def test_serve_missing_checkpoint_exits_3(tmp_path):
     r = cli("serve", "--config", str(settings(tmp_path, model_exists=False)))
     assert r.returncode == 3 and "Traceback" not in r.stderr
     assert "no checkpoint at" in r.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """`gptoss-spark status | head -3`: the reader closes the pipe before the command has written;
+    the command ends with 141 (128 + SIGPIPE, as `cat` would) and no BrokenPipeError traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "warmup", "--check", "--config",
+                          str(settings(tmp_path))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # before the interpreter has even imported the package: every write hits a closed pipe
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err

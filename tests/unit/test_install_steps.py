@@ -4,6 +4,7 @@ atomic switch, rollback, config placement, token, unit, uninstall, dry runs."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -959,3 +960,46 @@ def test_pip_output_goes_to_the_log_with_progress_and_errors_on_the_terminal(tmp
     assert "WARNING" not in out.getvalue() + e and f"its full output: {log}" in e
     text = log.read_text()
     assert text.count("WARNING: Running pip as the root user") == 30 and text.count("Collecting pkg") == 30
+
+
+def test_a_hangup_to_the_installers_process_group_is_reported_and_exits_129(tmp_path):
+    """SIGHUP reaches the whole process group (an ssh session closing): the log's tee died first and
+    the trap's message became a SIGPIPE, exit 141 in silence. install.sh's own trap and tee lines run
+    here, in a process group of their own."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    text = (Path(__file__).resolve().parents[2] / "install.sh").read_text()
+    trap = re.search(r"^STEP_NOW=start\n.*?^trap 'interrupted HUP' HUP.*?\n", text, re.S | re.M).group(0)
+    tee = re.search(r"^    exec > >\(.*?\n(?:        .*\n)?", text, re.M).group(0)
+    log = tmp_path / "install.log"
+    script = f'INSTALL_LOG={log}\n{trap}{tee}\nSTEP_NOW=build\necho started\nsleep 60 & wait\n'
+    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    for _ in range(200):
+        if log.exists() and "started" in log.read_text():
+            break
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGHUP)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 129, (p.returncode, err)
+    assert "interrupted by SIGHUP during its 'build' step" in err
+    assert "interrupted by SIGHUP" in log.read_text()
+
+
+def test_pip_silent_while_it_installs_still_shows_a_heartbeat(tmp_path, monkeypatch):
+    """pip prints nothing for minutes while it unpacks torch: the terminal had no line at all then."""
+    import io
+
+    monkeypatch.setattr(venvs, "PIP_HEARTBEAT_SECONDS", 0.05)
+    script = ("import time\nprint('Collecting a==1', flush=True)\nprint('Collecting b==1', flush=True)\n"
+              "print('Installing collected packages: a, b', flush=True)\ntime.sleep(1.5)\n"
+              "print('Successfully installed a-1 b-1')\n")
+    out = io.StringIO()
+    assert venvs.run_pip([sys.executable, "-c", script], None, None, out=out, err=io.StringIO()) == 0
+    lines = out.getvalue().splitlines()
+    assert any(re.fullmatch(r"    pip: installing 2 packages, \d+ s so far", line) for line in lines), lines
+    assert lines[-1] == "    pip: done, 2 packages"

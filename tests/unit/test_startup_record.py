@@ -142,3 +142,32 @@ def test_a_compiled_cpu_start_without_aot_ends_its_compile_at_the_warm_up():
         (38.0, E + "[core.py:402] init engine (profile, create kv cache, warmup model) took 25.56 s"),
     ])
     assert rec.phases() == {"process": 10.0, "weights": 1.0, "compile": 26.0, "engine": 1.0}
+
+
+def test_progress_says_how_long_the_phase_has_run_as_of_now():
+    """STATUS= during a start: not when the phase began (`process 0 s` for 80 s) but how long it has run."""
+    rec = fed(GPU_START[:2])  # the worker started loading the model at 12 s
+    assert rec.progress_line(now=1000.0 + 89.0) == "weights for 77 s, 89 s since spawn"
+    assert fed([]).progress_line(now=1000.0 + 30.0) == "process for 30 s, 30 s since spawn"
+
+
+def test_an_eager_start_names_no_compile_phase_and_its_warm_up_line_is_no_compile():
+    """--enforce-eager: after the weights comes the engine's own start-up, never `compile`; the CPU
+    runner's "Warming up done." (the compile marker of a compiled CPU start) is then no compile phase."""
+    from gptoss_spark.service.startup import absent_phases
+
+    rec = StartupRecord("demo", spawned_at=1000.0, absent=absent_phases(["--max-num-seqs", "4", "--enforce-eager"]))
+    rec.feed(W + "[cpu_model_runner.py:1] Starting to load model /m...", now=1001.0)
+    rec.feed(W + "[default_loader.py:501] Loading weights took 0.50 seconds", now=1002.0)
+    assert rec.current_phase() == "engine"
+    rec.feed(W + "[cpu_model_runner.py:2] Warming up done.", now=1060.0)
+    rec.feed(E + "[core.py:403] init engine (profile, create kv cache, warmup model) took 60.00 s", now=1070.0)
+    assert list(rec.phases()) == ["process", "weights", "engine"] and rec.phases()["engine"] == 68.0
+
+
+def test_a_cpu_engine_names_no_graph_phase():
+    rec = StartupRecord("demo", spawned_at=1000.0)
+    rec.feed(A + "[__init__.py:1] Automatically detected platform cpu.", now=1000.5)
+    rec.feed(W + "[default_loader.py:501] Loading weights took 0.50 seconds", now=1002.0)
+    rec.feed(W + "[cpu_model_runner.py:2] Warming up done.", now=1030.0)
+    assert rec.current_phase() == "engine"  # no warmup/graphs: a CPU engine captures no CUDA graphs

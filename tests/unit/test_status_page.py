@@ -28,8 +28,8 @@ def test_page_shows_state_profile_switch_control_and_says_no_gpu_sample_yet(env)
     assert r.headers["cache-control"] == "no-store"
     page = r.text
     assert '<span id="state" class="state ready">ready</span>' in page
-    assert '<option value="demo" selected>demo (active) - the demo</option>' in page
-    assert '<option value="demo-b">demo-b - the other demo</option>' in page
+    assert '<option value="demo" selected title="demo (active) - the demo">demo (active) - the demo</option>' in page
+    assert '<option value="demo-b" title="demo-b - the other demo">demo-b - the other demo</option>' in page
     assert 'type="password"' in page and "no telemetry sample yet" in page
     assert "100.0 of 128.0 GiB" not in page  # the guard has not read yet: no made-up figure
 
@@ -98,3 +98,62 @@ def test_page_says_which_throttle_episodes_were_alerted(tmp_path):
     page = render_page(sup.status(), "nonce")
     assert "<th>episode</th><td>power on GPU 0 (not alerted: not in gpu.alerts)</td>" in page
     assert "<th>episode</th><td>thermal on GPU 0 (alerted)</td>" in page
+
+
+def test_a_stopped_engines_figures_are_not_shown_as_current(tmp_path):
+    """During a switch the old engine is stopped: its last tokens/s and running requests are history,
+    not `now` (on the page, in /admin/status and so in `gptoss-spark status`)."""
+    import dataclasses
+
+    from gptoss_spark.admin.page import render_page
+    from gptoss_spark.service.supervisor import Supervisor
+    from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+    sup = Supervisor(make_settings(tmp_path, {"demo": ""}), memory_source=FakeMemory())
+    ctx = SampleContext("ready", "demo", 42, "http://127.0.0.1:1")
+    for i in range(3):
+        sup.telemetry.record(ctx, GpuReading(unavailable="no NVML"), HostMemory(*[None] * 6),
+                             {RUNNING: 2.0, GENERATED: 1000.0 * i})
+        time.sleep(0.01)
+    running = sup.status()
+    running = dataclasses.replace(running, engine=dataclasses.replace(running.engine, pid=42))
+    assert "running requests: now 2.0 requests" in render_page(running, "n")  # the engine that runs
+    assert running.telemetry.to_json()["engine"]["running"] == 2.0
+    sup.telemetry.record(SampleContext("stopping", "demo", None, None), GpuReading(unavailable="no NVML"),
+                         HostMemory(*[None] * 6), None)  # the engine was stopped for the switch
+    page = render_page(sup.status(), "n")
+    assert "now 2.0" not in page and "running requests: no engine running now" in page
+    assert sup.status().telemetry.to_json()["engine"] is None
+
+
+def test_page_marks_unrunnable_profiles_shows_the_start_phases_and_keeps_the_list_in_its_column(tmp_path):
+    """A profile this host cannot run is marked with why and cannot be picked; the start under way and
+    the last start show their phases; the profile list may not grow wider than its column."""
+    import dataclasses
+
+    from gptoss_spark.admin.page import STYLE, render_page
+    from gptoss_spark.service.status import StartStatus
+    from gptoss_spark.service.supervisor import Supervisor
+    from tests.helpers.supervisor_settings import FakeMemory, make_settings
+
+    sup = Supervisor(make_settings(tmp_path, {"demo": "", "spark": ""}), memory_source=FakeMemory())
+    st = dataclasses.replace(sup.status(), profile="demo", start=StartStatus(
+        current={"phase": "weights", "seconds": 41.0, "phases": {"process": 12.0}},
+        last={"profile": "demo", "ready_seconds": 30.5, "phases": {"process": 10.0, "weights": 20.5},
+              "compiled": [], "cache_hits": 0}, histograms={}))
+    page = render_page(st, "n", unrunnable={"spark": ["needs an NVIDIA GPU, none found (/proc/driver/nvidia/gpus)"]})
+    assert re.search(r'<option value="spark" disabled title="[^"]*">spark - [^<]*cannot run here: needs an NVIDIA '
+                     r'GPU, none found', page), page
+    assert "<th>start now</th><td>weights, 41 s since spawn (done: process 12.0 s)</td>" in page
+    assert "<th>last start</th><td>demo: ready in 30.5 s; process 10.0 s, weights 20.5 s; compiled nothing</td>" in page
+    assert ".grid>section{min-width:0" in STYLE and "select{max-width:100%" in STYLE
+
+
+def test_the_served_page_marks_a_profile_this_host_cannot_run(env):  # noqa: F811
+    """GET / passes the fit verdict to the page (the same one GET /admin/profile gives as why_not)."""
+    sup, settings, _ = env
+    make_ready(sup)
+    page = get_page(sup, settings).text
+    assert re.search(r'<option value="huge" disabled title="[^"]*">huge - [^<]*cannot run here: needs 1000 GiB, '
+                     r'the host has ', page), page[page.find('value="huge"') - 20:page.find('value="huge"') + 300]
+    assert '<option value="demo-b" title="demo-b - the other demo">' in page  # one that runs is not marked

@@ -372,9 +372,29 @@ def test_status_names_the_start_phase_while_loading(tmp_path, monkeypatch):
     asyncio.run(scenario())
     sock.wait_for("READY", "1", timeout=5)
     loading = [m.fields["STATUS"] for m in sock.with_field("STATUS") if m.fields["STATUS"].startswith("loading:")]
-    # Besides the state machine's "loading: profile p (engine pid N)", one line per phase it entered.
-    phases = [m.group(1) for status in loading if (m := re.fullmatch(r"loading: profile p \((\w+) \d+ s\)", status))]
-    assert phases == ["weights", "compile"] and set(phases) <= set(PHASES), loading
+    # Besides the state machine's "loading: profile p (engine pid N)", a line at each phase it entered and
+    # again every STATUS_REFRESH_SECONDS within one, saying how long the phase has run.
+    phases = [m.group(1) for status in loading
+              if (m := re.fullmatch(r"loading: profile p \((\w+) for \d+ s, \d+ s since spawn\)", status))]
+    assert list(dict.fromkeys(phases)) == ["weights", "compile"] and set(phases) <= set(PHASES), loading
+
+
+def test_status_is_sent_again_while_one_phase_runs(tmp_path, monkeypatch):
+    """A phase that runs for minutes (a 120b's weights) must not leave STATUS= saying `0 s` all along."""
+    monkeypatch.setattr("gptoss_spark.service.supervisor.LOAD_POLL_SECONDS", 0.02)
+    monkeypatch.setattr("gptoss_spark.service.supervisor.STATUS_REFRESH_SECONDS", 0.05)
+    sock = NotifySocket(tmp_path / "n.sock")
+
+    async def scenario():
+        sup = supervisor(tmp_path, {"p": "compiles,loading_for=1.0"}, notifier=Notifier(str(tmp_path / "n.sock")))
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        assert await stopped(sup, task) == EXIT_OK
+
+    asyncio.run(scenario())
+    sock.wait_for("READY", "1", timeout=5)
+    compile_lines = [m.fields["STATUS"] for m in sock.with_field("STATUS") if "(compile for" in m.fields["STATUS"]]
+    assert len(compile_lines) >= 2, compile_lines  # 0.8 s in compile, refreshed every 0.05 s
 
 
 def test_a_start_that_compiled_warns_and_names_what(tmp_path):
@@ -393,6 +413,28 @@ def test_a_start_that_compiled_warns_and_names_what(tmp_path):
     assert "weights=" in compiled[0]["phases"]
     warm = asyncio.run(scenario(""))  # a start that compiled nothing: no warning
     assert [(e["log_level"], e["compiled"]) for e in warm] == [("info", "nothing")]
+
+
+def test_a_ready_start_that_compiled_nothing_marks_its_profile_warm(tmp_path):
+    """`doctor` and `warmup --check` said "never warmed" while the service served warm: a ready start that
+    compiled nothing proves the caches warm for the current key, so it writes the marker; one that compiled
+    does not."""
+    from gptoss_spark.service.warm_marker import marker_path, warm_state
+
+    async def scenario(mode: str):
+        sup = supervisor(tmp_path, {"p": mode})
+        task = asyncio.create_task(sup.run())
+        await until(sup, task, lambda: sup.state == State.READY, "ready")
+        assert await stopped(sup, task) == EXIT_OK
+        return sup
+
+    sup = asyncio.run(scenario("compiles,loading_for=0.5"))
+    profile = sup.profiles["p"]
+    assert warm_state(sup.settings, profile) == "never"  # it compiled: the caches were not warm
+    sup = asyncio.run(scenario(""))  # another environment (no FAKE_ENGINE_MODE), so another key
+    assert warm_state(sup.settings, sup.profiles["p"]) == "warm"
+    marker = json.loads(marker_path(sup.settings, "p").read_text())
+    assert marker["by"] == "service start" and marker["compiled"] == []
 
 
 def test_an_engine_that_got_ready_has_its_arguments_remembered_for_the_next_check(tmp_path):

@@ -82,7 +82,7 @@ def test_key_follows_our_code_inside_the_engine_and_nothing_else_of_ours(tmp_pat
     for rel in ("engine_hooks/cute_dsl_cache.py", "kernels/device/moe_down.py", "service/supervisor.py"):
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text("x = 1\n")
-    monkeypatch.setattr(warmup, "__file__", str(pkg / "warmup.py"))
+    monkeypatch.setattr("gptoss_spark.service.warm_marker.PACKAGE_ROOT", pkg)
     key = warmup.warm_key(s, demo)
     (pkg / "service" / "supervisor.py").write_text("x = 2\n")
     assert warmup.warm_key(s, demo) == key  # the supervisor compiles nothing in the engine
@@ -187,3 +187,73 @@ def test_a_profile_across_two_nodes_is_left_to_its_first_start_on_the_pair(tmp_p
     assert main(["warmup", "--check", "--config", cfg]) == 1  # it is not warm, and --check says why
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.split()[:2] == ["pair", "never"] and "its first start on the pair is its warm-up" in line
+
+
+def test_the_warm_up_engine_listens_on_a_free_loopback_port_with_the_services_caches(tmp_path, monkeypatch):
+    """Beside a running service (or before it starts on an upgrade) the warm-up's engine must not take
+    engine.port; its caches and key stay the service's, so the service's next start is warm."""
+    import asyncio
+    import socket
+
+    from gptoss_spark.service.engine import build_argv, build_env
+
+    settings = setup(tmp_path)
+    profile = load_profiles(settings)["demo"]
+    seen = {}
+
+    class Spawned(Exception):
+        pass
+
+    class CapturingEngine:
+        def __init__(self, s, p):
+            seen["argv"] = build_argv(s, p)
+            seen["env"] = build_env(s, p, tmp_path, base={})
+            seen["key"] = warmup.warm_key(s, p)
+            raise Spawned
+
+    monkeypatch.setattr(warmup, "EngineProcess", CapturingEngine)
+    with pytest.raises(Spawned):
+        asyncio.run(warmup.warm_one(settings, profile))
+    argv = seen["argv"]
+    port = int(argv[argv.index("--port") + 1])
+    assert port != settings.engine.port and argv[argv.index("--host") + 1] == "127.0.0.1"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: nothing else listens there
+    service_env = build_env(settings, profile, tmp_path, base={})
+    assert seen["env"] == service_env and seen["key"] == warmup.warm_key(settings, profile)
+
+
+def test_the_warm_up_engines_output_goes_to_its_log_file_and_the_terminal_gets_progress(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """The installer's terminal was mostly the warm-up engine's raw log (banner, `Route:` lines,
+    nanobind's leak report): those lines go to one file, named in one line."""
+    import structlog
+
+    from gptoss_spark.service.engine import engine_log
+
+    setup(tmp_path)
+    cfg = str(tmp_path / "gs.toml")
+
+    async def engine_that_logs(settings, profile, say=print):
+        engine_log.info("(APIServer pid=5) INFO 12-07 10:00:00 [api_server.py:1] vLLM API server version 0.32.0",
+                        pid=5, profile=profile.name)
+        say(f"  {profile.name}: weights (from 3 s after spawn)")
+        return ready_record(profile.name)
+
+    monkeypatch.setattr(warmup, "warm_one", engine_that_logs)
+    monkeypatch.setattr(warmup.MemoryGuard, "start_refusal", lambda self, gib: None)
+    before = structlog.get_config()
+    assert main(["warmup", "demo", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    log = tmp_path / "s" / "cache" / "warm" / "engine.log"
+    assert f"the warm-up engine's log: {log}" in out and "demo: weights (from 3 s after spawn)" in out
+    assert "vLLM API server version" not in out
+    assert "vLLM API server version 0.32.0" in log.read_text()
+    assert structlog.get_config()["logger_factory"] is before["logger_factory"]  # put back afterwards
+
+
+def test_the_services_copy_of_the_patch_manifest_name_is_the_installers():
+    from gptoss_spark.install.patching import MANIFEST_NAME
+    from gptoss_spark.service.warm_marker import PATCH_MANIFEST
+
+    assert PATCH_MANIFEST == MANIFEST_NAME
