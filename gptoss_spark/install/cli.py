@@ -273,7 +273,7 @@ def _say_placed(layout: Layout, placed: list[placement.Placed]) -> None:
 
 
 def _changed(placed: list[placement.Placed]) -> bool:
-    return any(p.action not in ("unchanged", "masked") for p in placed)
+    return any(p.action not in ("unchanged", "masked", "kept-again") for p in placed)
 
 
 def cmd_unit(args: argparse.Namespace) -> int:

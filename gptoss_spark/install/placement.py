@@ -51,6 +51,7 @@ class Placed:
             "created": f"  wrote {p}",
             "unchanged": f"  {p} unchanged",
             "kept": f"  kept your {p}; this version's default is beside it: {p}.dist (compare with diff)",
+            "kept-again": f"  kept your {p}; this version's default is still beside it: {p}.dist",
             "would-create": f"  would write {p}",
             "would-keep": f"  would keep your {p} and write the new default to {p}.dist",
             "replaced": f"  updated {p}",
@@ -143,10 +144,13 @@ def place_if_absent(dest: Path, content: bytes, *, mode: int = 0o644, dry_run: b
             dist.unlink()  # the file is this default now: the .dist says nothing any more
             return Placed(dest, "upgraded", dist_removed=True)
         return Placed(dest, "upgraded")
+    if dist.is_file() and dist.read_bytes() == content:
+        # Said by an earlier run, and nothing new: a re-run must not call it a change (and check
+        # every profile again, and advise a reload) for as long as the admin keeps an edit.
+        return Placed(dest, "kept-again")
     if dry_run:
         return Placed(dest, "would-keep")
-    if not dist.exists() or dist.read_bytes() != content:
-        write_atomic(dist, content, mode)
+    write_atomic(dist, content, mode)
     return Placed(dest, "kept")
 
 

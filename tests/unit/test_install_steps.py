@@ -470,6 +470,31 @@ def test_config_written_only_if_absent_with_dist_beside(lay, src):
     assert cfg.read_bytes() == mine_cfg and prof.read_bytes() == mine_prof
     assert Path(str(cfg) + ".dist").is_file() and Path(str(prof) + ".dist").read_text() == "[engine]\nargs = []\n"
     assert ".dist" in placed[0].line(lay)
+    # A re-run with the edits still there: the .dist said so already, nothing is new, nothing changed.
+    again = placement.place_config(lay, src, cpu=False)
+    assert [p.action for p in again] == ["kept-again", "kept-again"]
+    assert cfg.read_bytes() == mine_cfg and prof.read_bytes() == mine_prof
+    assert "still beside it" in again[1].line(lay)
+
+
+def test_a_rerun_with_an_edited_profile_says_the_configuration_is_unchanged(tmp_path):
+    """The walk-through's 68.9 s no-op re-run: one edited profile made every re-run answer "changed"
+    (so validate checked every profile again and the summary advised a reload)."""
+    root, src = tmp_path / "root", tmp_path / "src"
+    (src / "etc" / "profiles").mkdir(parents=True)
+    (src / "etc" / "gptoss-spark.toml").write_bytes((REPO / "etc" / "gptoss-spark.toml").read_bytes())
+    (src / "etc" / "profiles" / "plain.toml").write_text("[engine]\nargs = []\n")
+
+    def config_step() -> str:
+        r = subprocess.run([sys.executable, "-m", "gptoss_spark.install", "config", "--root", str(root),
+                            "--source", str(src)], capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert config_step() == "changed"     # first install
+    (root / "etc/gptoss-spark/profiles/plain.toml").write_text("# mine\n")
+    assert config_step() == "changed"     # the new default goes beside it as .dist: said once
+    assert config_step() == "unchanged"   # and not again
 
 
 def test_a_dist_is_removed_only_when_the_file_equals_it_and_that_is_said(lay, src):
