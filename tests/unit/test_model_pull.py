@@ -152,15 +152,19 @@ def test_not_enough_disk_is_refused_before_anything_is_fetched(hub, tmp_path):
     assert not dest.exists() and not staging_dir(dest).exists()
 
 
+def flip_a_byte(path: Path) -> None:
+    """One bit of one byte a third of the way in: the file's size stays, its sha256 does not."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def test_verify_names_a_flipped_byte_without_the_network(hub, tmp_path, capsys):
     dest = tmp_path / "gpt-oss-20b"
     pull(ENTRY, dest, endpoint=hub.url, out=quiet)
     hub.__exit__(None, None, None)  # the hub is gone: verify needs none
     assert main(["model", "verify", str(dest)]) == 0
-    shard = dest / SHARDS[1]
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 3] ^= 0x01
-    shard.write_bytes(bytes(data))
+    flip_a_byte(dest / SHARDS[1])
     capsys.readouterr()
     assert main(["model", "verify", str(dest)]) == EXIT_MODEL_CORRUPT
     out = capsys.readouterr()
@@ -175,10 +179,7 @@ def test_pull_repairs_exactly_the_corrupt_file_in_place(hub, tmp_path, capsys):
     pull(ENTRY, dest, endpoint=hub.url, out=quiet)
     others = {p: ((dest / p).read_bytes(), (dest / p).stat().st_mtime_ns)
               for p in ("config.json", "tokenizer_config.json", ".gitattributes", SHARDS[0], MANIFEST_NAME)}
-    shard = dest / SHARDS[1]
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 3] ^= 0x01
-    shard.write_bytes(bytes(data))
+    flip_a_byte(dest / SHARDS[1])
     capsys.readouterr()
     assert main(["model", "verify", str(dest)]) == EXIT_MODEL_CORRUPT
     advice = capsys.readouterr().err.strip().splitlines()[-1]
@@ -191,7 +192,7 @@ def test_pull_repairs_exactly_the_corrupt_file_in_place(hub, tmp_path, capsys):
     assert result.already and result.fetched == () and "every file matches the manifest" in lines[-1]
     assert len(hub.gets(SHARDS[1])) == gets[SHARDS[1]] + 1  # fetched again once
     assert len(hub.gets(SHARDS[0])) == gets[SHARDS[0]] and len(hub.gets("config.json")) == gets["config.json"]
-    assert shard.read_bytes() == hub.repos[ENTRY.repo_id][SHARDS[1]].data
+    assert (dest / SHARDS[1]).read_bytes() == hub.repos[ENTRY.repo_id][SHARDS[1]].data
     assert {p: ((dest / p).read_bytes(), (dest / p).stat().st_mtime_ns) for p in others} == others
     assert not staging_dir(dest).exists()
     assert main(["model", "verify", str(dest)]) == 0
