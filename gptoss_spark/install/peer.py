@@ -35,7 +35,7 @@ def admin_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _request(req: urllib.request.Request, timeout: float) -> tuple[int, bytes] | str:
+def http_request(req: urllib.request.Request, timeout: float) -> tuple[int, bytes] | str:
     """(status, body), or why there was no HTTP answer."""
     try:
         with _OPENER.open(req, timeout=timeout) as r:
@@ -49,7 +49,7 @@ def _request(req: urllib.request.Request, timeout: float) -> tuple[int, bytes] |
 
 def check_peer(c: Cluster, url: str, *, venv_id: str, token: str | None, token_path: str,
                timeout: float = TIMEOUT_S,
-               request: Callable[[urllib.request.Request, float], tuple[int, bytes] | str] = _request) -> Check:
+               request: Callable[[urllib.request.Request, float], tuple[int, bytes] | str] = http_request) -> Check:
     """One line: the peer at `url` (its admin API) is the other role, on venv `venv_id`, with `token`."""
     other = "worker" if c.role == "head" else "head"
     me = f"--role {other} --{c.role} {c.address}"
@@ -111,7 +111,7 @@ def _unit_state() -> str:
 
 
 def wait_worker_up(url: str, *, timeout: float, poll: float = 1.0,
-                   request: Callable[[urllib.request.Request, float], tuple[int, bytes] | str] = _request,
+                   request: Callable[[urllib.request.Request, float], tuple[int, bytes] | str] = http_request,
                    unit_state: Callable[[], str] = _unit_state, sleep: Callable[[float], None] | None = None,
                    clock: Callable[[], float] | None = None) -> tuple[bool, str]:
     """(answered as the worker, one line). A worker turns ready only when the head orders it to join, so

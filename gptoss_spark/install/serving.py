@@ -10,9 +10,10 @@ install.sh that finds nothing to change uses this to tell "installed and serving
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.request
 from typing import Callable
+
+from .peer import http_request
 
 TIMEOUT_S = 5.0
 # The states in which the supervisor is on its way to ready by itself (service/states.py).
@@ -20,18 +21,9 @@ ON_ITS_WAY = ("starting", "loading", "draining", "stopping")
 
 SERVES, DOWN, ON_THE_WAY = 0, 1, 3  # `install serving`'s exit codes, read by install.sh
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def get_health(url: str, timeout: float) -> tuple[int, bytes] | str:
-    """(HTTP status, body) of GET url, or why there was no HTTP answer."""
-    try:
-        with _OPENER.open(urllib.request.Request(url), timeout=timeout) as r:
-            return r.status, r.read(65536)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(65536)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return str(getattr(e, "reason", e))
+    """(HTTP status, body) of GET url, or why there was no HTTP answer (peer.http_request)."""
+    return http_request(urllib.request.Request(url), timeout)
 
 
 def serving(admin_url: str, *,
