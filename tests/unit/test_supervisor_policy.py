@@ -33,8 +33,8 @@ VARIED_ERRORS = ("RuntimeError: CUDA error: an illegal memory access", "OSError:
 class ScriptedEngine:
     """Stands in for EngineProcess. Its profile's FAKE_ENGINE_MODE says what it does:
     crash_on_load (exits 1 while loading; =varied: with another error line each time; =usage: exits 2,
-    as vLLM does when it rejects an argument), crash_after=S (exits 1 S seconds after it first answers
-    /health), crash_once (only the first engine of that profile crashes), unhealthy_after=S
+    as vLLM does when it rejects an argument), crash_after=S (exits 1 S seconds after it
+    starts), crash_once (only the first engine of that profile crashes), unhealthy_after=S
     (/health fails from S seconds after start), no_tokens (/metrics shows a request that never
     progresses), bad_canary (/health 200 but the canary fails), loading_for=S (/health fails for its
     first S seconds), compiles (prints vLLM's lines of a start that loads its weights, then compiles
@@ -196,11 +196,12 @@ def test_after_serving_a_hopeless_engine_stays_up_failed_until_a_switch(tmp_path
     """Having served, the service stays up in failed (the admin API can report and switch), also when the
     failure is one retries cannot fix: here the last good profile itself now rejects its arguments."""
     async def scenario():
-        sup = supervisor(tmp_path, {"good": "crash_after=0.5,crash_once", "ok": ""})
+        sup = supervisor(tmp_path, {"good": "", "ok": ""})
         task = asyncio.create_task(sup.run())
         await until(sup, task, lambda: sup.state == State.READY, "ready")
         (tmp_path / "profiles" / "good.toml").write_text(
             'description = "now broken"\nmemory_gib = 10\n[engine]\nenv = { FAKE_ENGINE_MODE = "crash_on_load=usage" }\n')
+        ScriptedEngine.started[-1].die(1)  # the crash comes after the edit, however slow the box
         await until(sup, task, lambda: sup.state == State.FAILED, "failed")
         assert "rejected its arguments" in sup.sm.history[-1].reason and not task.done()
         op = sup.request_switch("ok")
@@ -326,11 +327,12 @@ def test_a_switch_reads_the_profile_files_once_and_starts_what_was_validated(tmp
 def test_a_retry_after_a_crash_reads_the_profile_files_again(tmp_path):
     """No operation asked for the retry: it starts from the files as they are now (a fix is picked up)."""
     async def scenario():
-        sup = supervisor(tmp_path, {"flaky": "crash_after=0.2,crash_once"})
+        sup = supervisor(tmp_path, {"flaky": ""})
         task = asyncio.create_task(sup.run())
         await until(sup, task, lambda: sup.state == State.READY, "ready")
         (tmp_path / "profiles" / "flaky.toml").write_text(
             'description = "fixed"\nmemory_gib = 10\n[engine]\nenv = { FAKE_ENGINE_MODE = "" }\n')
+        ScriptedEngine.started[-1].die(1)  # the crash comes after the fix, however slow the box
         await until(sup, task, lambda: len(ScriptedEngine.started) == 2 and sup.state == State.READY, "ready again")
         assert ScriptedEngine.started[-1].profile.description == "fixed"
         assert await stopped(sup, task) == EXIT_OK
