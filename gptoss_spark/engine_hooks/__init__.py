@@ -10,8 +10,11 @@ from __future__ import annotations
 
 def register() -> None:
     """Entry point (vllm.general_plugins)."""
-    from . import cute_dsl_cache
+    from . import cute_dsl_cache, shm_busy_loop
     from .vllm_logging import log_through_vllm
 
+    if shm_busy_loop.requested() is not None:
+        log_through_vllm()  # first: its one line says what it changed
+    shm_busy_loop.install()
     if cute_dsl_cache.install():
         log_through_vllm()

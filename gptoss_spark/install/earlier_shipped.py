@@ -33,10 +33,12 @@ DIGESTS: dict[str, frozenset[str]] = {
         "03cd8bf8479b2cb7cc21f9d30b4b76040be5cfc580170bfc30cefb3352f3d158",
     }),
     "profiles/cluster.toml": frozenset({
+        "199a167cc7a500ced8f9d114b832953d60887b48fb92aae523927425dad8cb11",
         "e97fd32cb0b58cc05af57c670bec63ec39f8224facb23f073d4b03d6f3429374",
     }),
     "profiles/demo-cluster.toml": frozenset({
         "44210399bae5c56cb12786c32ddeee5e87cd54c5c6fbd668c07db69aad1d456b",
+        "ef7091539897f70037bc57fa36e74c3cee6dab02b4f748e6f324c40831c5447e",
     }),
     "profiles/demo.toml": frozenset({
         "08612233a319fd473bf133ebc06c9da04ea36e7993aed4fd800f4029fc348e0f",

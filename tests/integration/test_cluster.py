@@ -96,6 +96,9 @@ def test_a_completion_runs_across_both_ranks(cluster):
     assert code == 200, body
     assert body["usage"]["completion_tokens"] == 4
     assert "-tp2-" in body["system_fingerprint"]  # vLLM's own word: tensor parallel 2
+    # demo-cluster bounds vLLM's shm busy-wait (engine_hooks/shm_busy_loop.py): said by each node's engine.
+    for node in (head, worker):
+        assert "shared-memory queue readers busy-wait 0.002 s after a read" in node.log_path.read_text(), node.tail()
 
 
 def test_kill_9_of_the_worker_engine_restarts_both(cluster):
