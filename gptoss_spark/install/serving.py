@@ -21,6 +21,7 @@ ON_ITS_WAY = ("starting", "loading", "draining", "stopping")
 
 SERVES, DOWN, ON_THE_WAY = 0, 1, 3  # `install serving`'s exit codes, read by install.sh
 
+
 def get_health(url: str, timeout: float) -> tuple[int, bytes] | str:
     """(HTTP status, body) of GET url, or why there was no HTTP answer (peer.http_request)."""
     return http_request(urllib.request.Request(url), timeout)

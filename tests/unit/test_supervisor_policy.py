@@ -33,8 +33,8 @@ VARIED_ERRORS = ("RuntimeError: CUDA error: an illegal memory access", "OSError:
 class ScriptedEngine:
     """Stands in for EngineProcess. Its profile's FAKE_ENGINE_MODE says what it does:
     crash_on_load (exits 1 while loading; =varied: with another error line each time; =usage: exits 2,
-    as vLLM does when it rejects an argument), crash_after=S (exits 1 S seconds after it
-    starts), crash_once (only the first engine of that profile crashes), unhealthy_after=S
+    as vLLM does when it rejects an argument), crash_after=S (exits 1 S seconds after it first
+    answers /health), crash_once (only the first engine of that profile crashes), unhealthy_after=S
     (/health fails from S seconds after start), no_tokens (/metrics shows a request that never
     progresses), bad_canary (/health 200 but the canary fails), loading_for=S (/health fails for its
     first S seconds), compiles (prints vLLM's lines of a start that loads its weights, then compiles
@@ -52,6 +52,7 @@ class ScriptedEngine:
         self._exit: asyncio.Future[int] | None = None
         self._born = 0.0
         self._timers: list[asyncio.TimerHandle] = []
+        self._crashes = False  # crash_after armed at the first healthy answer (answered_health)
         self.started_at: float | None = None
         self.startup = StartupRecord(profile.name)  # what the supervisor reads of a start (startup.py)
 
@@ -76,7 +77,14 @@ class ScriptedEngine:
                 0.2, self.startup.feed, "Compiling a graph for compile range (1, 8) takes 2.50 s"))
         if "crash_on_load" in self.modes:
             self._timers.append(loop.call_later(0.05, self.die, 2 if self.modes["crash_on_load"] == "usage" else 1))
-        if "crash_after" in self.modes and (first or "crash_once" not in self.modes):
+        self._crashes = "crash_after" in self.modes and (first or "crash_once" not in self.modes)
+
+    def answered_health(self) -> None:
+        """The first healthy answer arms crash_after, so that its crash comes after the load however slow
+        the box (a timer from the start could fire while loading and make "after ready" a load crash)."""
+        if self._crashes:
+            self._crashes = False
+            loop = asyncio.get_running_loop()
             self._timers.append(loop.call_later(float(self.modes["crash_after"]), self.die, 1))
 
     def die(self, code: int) -> None:
@@ -120,7 +128,10 @@ class ScriptedProbe:
             return False
         if "loading_for" in e.modes and e.age() < float(e.modes["loading_for"]):
             return False
-        return not ("unhealthy_after" in e.modes and e.age() > float(e.modes["unhealthy_after"]))
+        healthy = not ("unhealthy_after" in e.modes and e.age() > float(e.modes["unhealthy_after"]))
+        if healthy:
+            e.answered_health()
+        return healthy
 
     async def canary(self, timeout: float) -> str | None:
         return "canary completion produced no token" if "bad_canary" in self.engine.modes else None
