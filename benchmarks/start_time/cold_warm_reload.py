@@ -16,29 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.serve_harness import Serve, free_port  # noqa: E402
 from gptoss_spark.install.demo_model import make_demo_model  # noqa: E402
 from tests.helpers.demo_settings import demo_settings_toml  # noqa: E402
 
 DEMO = REPO / "etc" / "profiles-cpu" / "demo.toml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp: Path, model: Path, profile: str) -> tuple[Path, int, str]:
@@ -56,51 +46,6 @@ def write_config(tmp: Path, model: Path, profile: str) -> tuple[Path, int, str]:
         engine_port=free_port(), admin_port=admin, default_profile=profile,
         timeouts={"load": 1800, "canary": None, "probe_interval": None}))  # the service's canary and probe
     return cfg, admin, token
-
-
-class Serve:
-    def __init__(self, cfg: Path, admin: int, token: str, log: Path):
-        self.cfg, self.token, self.log = cfg, token, log
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{admin}", timeout=30)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> float:
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gptoss_spark.cli", "serve", "--config", str(self.cfg)],
-                                     stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.wait_ready()
-        return time.monotonic() - t0
-
-    def wait_ready(self, timeout: float = 1800) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"serve exited {self.proc.returncode}; see {self.log}")
-            try:
-                if self.client.get("/admin/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"not ready in {timeout} s; see {self.log}")
-
-    def reload(self) -> float:
-        t0 = time.monotonic()
-        op = self.client.post("/admin/restart", headers={"Authorization": f"Bearer {self.token}"}).json()
-        while op["status"] in ("pending", "running"):
-            time.sleep(0.2)
-            op = self.client.get(op["poll"]).json()
-        if op["status"] != "succeeded":
-            raise SystemExit(f"reload failed: {op}")
-        return time.monotonic() - t0
-
-    def last_start(self) -> dict:
-        return self.client.get("/admin/status").json()["start"]["last"]
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
 
 
 def run_profile(model: Path, profile: str) -> list[dict]:

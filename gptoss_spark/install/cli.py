@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import (cluster, config_undo, demo_model, dropins, instances, locks, patching, peer, placement, preflight,
+from . import (cluster, config_undo, demo_model, shaped_model, dropins, instances, locks, patching, peer, placement, preflight,
                serving, uninstall, validate, venvs, versions, why)
 from .checks import Check
 from ..base.exit_codes import EXIT_ARGS, EXIT_LAN, EXIT_PYTHON
@@ -456,6 +456,11 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shaped_model(args: argparse.Namespace) -> int:
+    print(shaped_model.make_shaped_model(Path(args.dir), shape=args.shape, layers=args.layers, seed=args.seed))
+    return 0
+
+
 def cmd_patches_apply(args: argparse.Namespace) -> int:
     print(patching.apply(args.venv, args.patches_dir))
     return 0
@@ -487,6 +492,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     and `patches`."""
     register_steps(sub)
     register_demo_model(sub)
+    register_shaped_model(sub)
     register_patches(sub)
 
 
@@ -507,6 +513,25 @@ def register_demo_model(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR", help="output directory: new, empty, or an earlier demo model (which is replaced)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.set_defaults(func=cmd_demo_model)
+
+
+def register_shaped_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "shaped-model",
+        help="write a random-weight gpt-oss checkpoint with a real model's shapes and a few layers (GPU tests)",
+        description=(
+            "Write a random-weight gpt-oss checkpoint to DIR with every tensor of the published "
+            "checkpoint at its real shape (MXFP4 experts) but only a few layers, and the real "
+            "o200k_harmony tokenizer, offline. Its output is noise. Reuses DIR if it already holds it."
+        ),
+    )
+    p.add_argument("dir", metavar="DIR", help="output directory: new, empty, or an earlier generated model (replaced)")
+    p.add_argument("--shape", choices=sorted(shaped_model.SHAPES), default="gpt-oss-120b",
+                   help="whose sizes (default gpt-oss-120b)")
+    p.add_argument("--layers", type=int, default=2,
+                   help=f"decoder layers, 1 to {shaped_model.MAX_LAYERS} (default 2: 5.8 GB for gpt-oss-120b)")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.set_defaults(func=cmd_shaped_model)
 
 
 def register_patches(sub: argparse._SubParsersAction) -> None:

@@ -300,31 +300,43 @@ def _write_weights(out: Path, seed: int, experts: str = "bf16") -> None:
     model.save_pretrained(out, safe_serialization=True)
     if experts != "bf16":
         _mxfp4_experts(out / "model.safetensors", seed, experts)
-    cfg_path = out / "config.json"
+    finish_config(out / "config.json", experts)
+
+
+def finish_config(cfg_path: Path, experts: str) -> None:
+    """What the published config.json carries beyond what transformers writes."""
     cfg = read_json(cfg_path)
     if experts == "mxfp4":
         cfg["quantization_config"] = MXFP4_QUANTIZATION_CONFIG
     cfg["torch_dtype"] = cfg.get("torch_dtype", "bfloat16")
     cfg["dtype"] = "bfloat16"
-    cfg["experts_per_token"] = CONFIG_VALUES["num_experts_per_tok"]  # the published config carries both names
+    cfg["experts_per_token"] = cfg["num_experts_per_tok"]  # the published config carries both names
     cfg["initial_context_length"] = 4096
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def _marker(seed: int, experts: str) -> dict:
-    return {"version": DEMO_MODEL_VERSION, "seed": seed, "experts": experts}
+# What a finished directory's marker must say to be reused. A key a model kind does not use is None
+# (the toy model has no `shape`/`layers`), so no kind's directory passes for another's.
+MARKER_KEYS = ("version", "seed", "experts", "shape", "layers")
 
 
-def is_complete(out_dir: Path, seed: int, experts: str = "bf16") -> bool:
-    """True when out_dir holds a finished demo model of this version, seed and expert format."""
-    out_dir = Path(out_dir)
+def _marker(seed: int, experts: str, shape: str | None = None, layers: int | None = None) -> dict:
+    return {"version": DEMO_MODEL_VERSION, "seed": seed, "experts": experts, "shape": shape, "layers": layers}
+
+
+def _marker_matches(out_dir: Path, expected: dict, required: tuple[str, ...]) -> bool:
     try:
         marker = read_json(out_dir / MARKER_NAME)
     except (OSError, ValueError):
         return False
-    if {k: marker.get(k) for k in ("version", "seed", "experts")} != _marker(seed, experts):
+    if not isinstance(marker, dict) or {k: marker.get(k) for k in MARKER_KEYS} != expected:
         return False
-    return all((out_dir / name).is_file() for name in REQUIRED_FILES)
+    return all((out_dir / name).is_file() for name in required)
+
+
+def is_complete(out_dir: Path, seed: int, experts: str = "bf16") -> bool:
+    """True when out_dir holds a finished demo model of this version, seed and expert format."""
+    return _marker_matches(Path(out_dir), _marker(seed, experts), REQUIRED_FILES)
 
 
 def _refuse_foreign(out_dir: Path) -> None:
@@ -350,17 +362,29 @@ def _lock(path: Path):
 def make_demo_model(out_dir: Path, *, seed: int = 0, experts: str = "bf16") -> Path:
     """Write the tiny gpt-oss demo checkpoint to out_dir and return out_dir.
 
-    experts: one of EXPERT_FORMATS (module docstring). Idempotent and atomic: a
-    complete model of the same version, seed and expert format is reused at
-    once; otherwise it is built in a temp dir beside out_dir and renamed into
-    place (an empty out_dir or an earlier demo model of another version/seed/format is replaced; any other non-empty directory is refused with
-    DemoModelError, never deleted). Concurrent
-    callers serialize on a lock file beside out_dir. Deterministic for a seed
-    with the same torch/transformers versions. Takes ~10-20 s on 2 cores.
+    experts: one of EXPERT_FORMATS (module docstring). Idempotent and atomic (build_model_dir).
+    Deterministic for a seed with the same torch/transformers versions. Takes ~10-20 s on 2 cores.
     """
     _check_experts(experts)
+
+    def write(tmp: Path) -> None:
+        tiktoken_path = install_tiktoken_file(tmp)
+        _write_tokenizer(tiktoken_path, tmp)
+        _write_weights(tmp, seed, experts)
+
+    return build_model_dir(out_dir, _marker(seed, experts), REQUIRED_FILES, write)
+
+
+def build_model_dir(out_dir: Path, marker: dict, required: tuple[str, ...], write) -> Path:
+    """Build a generated checkpoint directory once: `write(tmp)` fills a temp dir beside out_dir,
+    which is renamed into place with `marker` written last.
+
+    A complete directory with the same marker is reused at once. An empty out_dir or an earlier
+    generated model (any marker) is replaced; any other non-empty directory is refused with
+    DemoModelError, never deleted. Concurrent callers serialize on a lock file beside out_dir.
+    """
     out_dir = Path(out_dir).absolute()
-    if is_complete(out_dir, seed, experts):
+    if _marker_matches(out_dir, marker, required):
         return out_dir
     _refuse_foreign(out_dir)
     parent = out_dir.parent
@@ -369,20 +393,18 @@ def make_demo_model(out_dir: Path, *, seed: int = 0, experts: str = "bf16") -> P
     except OSError as e:
         raise DemoModelError(f"cannot create {parent}: {e.strerror}; choose a writable directory") from None
     with _lock(parent / f".{out_dir.name}.lock"):
-        if is_complete(out_dir, seed, experts):  # another process finished it while we waited
+        if _marker_matches(out_dir, marker, required):  # another process finished it while we waited
             return out_dir
         _refuse_foreign(out_dir)
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=parent))
         try:
-            tiktoken_path = install_tiktoken_file(tmp)
-            _write_tokenizer(tiktoken_path, tmp)
-            _write_weights(tmp, seed, experts)
-            missing = [n for n in REQUIRED_FILES if not (tmp / n).is_file()]
+            write(tmp)
+            missing = [n for n in required if not (tmp / n).is_file()]
             if missing:
-                raise DemoModelError(f"demo model build left out {', '.join(missing)}")
-            marker = _marker(seed, experts) | {"build_seconds": round(time.monotonic() - t0, 1)}
-            (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+                raise DemoModelError(f"model build left out {', '.join(missing)}")
+            (tmp / MARKER_NAME).write_text(json.dumps(marker | {"build_seconds": round(time.monotonic() - t0, 1)},
+                                                      indent=2) + "\n")
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the service user must read it
             for f in tmp.iterdir():
                 os.chmod(f, 0o644)
