@@ -20,6 +20,7 @@ python3 -c 'import site; print(site.getsitepackages()[0])' > "$SITE/zz-machine-s
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
   /root/wheels/*.whl "$STAGE"/ours/*.whl
 PY="$VENV/bin/python"
+ls /proc/driver/nvidia/gpus
 "$PY" -c 'import torch, vllm, triton; print("torch", torch.__version__, "vllm", vllm.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())'
 "$PY" -m gptoss_spark.cli patches apply --venv "$VENV" --patches-dir patches/vllm
 "$PY" -m gptoss_spark.cli shaped-model "$MODEL" --shape gpt-oss-120b --layers 2
