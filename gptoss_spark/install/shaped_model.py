@@ -25,18 +25,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..models.catalog import CATALOG
 from . import demo_model
 from .tiktoken_file import install_tiktoken_file
 
 SHAPES_VERSION = 1  # bump when what a directory holds changes: an older one is rebuilt
 MAX_LAYERS = 8      # the point is a checkpoint that fits anywhere; the real one is `model pull`
 
-# The published openai/gpt-oss-120b and -20b config.json sizes; everything else (attention
-# window, RoPE, vocabulary, special ids) is the demo model's, which is the published one's.
-SHAPES: dict[str, dict] = {
-    "gpt-oss-120b": {"num_local_experts": 128},
-    "gpt-oss-20b": {"num_local_experts": 32},
-}
+# The published openai/gpt-oss-120b and -20b config.json sizes: the expert count is the catalog's,
+# the rest is the same in both; everything else (attention window, RoPE, vocabulary, special ids)
+# is the demo model's, which is the published one's.
+SHAPES: dict[str, dict] = {c.name: {"num_local_experts": c.experts} for c in CATALOG.values() if c.kind == "model"}
 SHARED_SIZES = dict(hidden_size=2880, intermediate_size=2880, num_experts_per_tok=4, head_dim=64,
                     num_attention_heads=64, num_key_value_heads=8)
 INIT_STD = demo_model.INIT_STD
