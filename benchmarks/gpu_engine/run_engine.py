@@ -142,7 +142,7 @@ def run_profile(model: Path, profile: str, warm: bool, out_dir: Path, profile_di
                     break
                 status = serve.status()
                 record["starts"].append({"what": what, "seconds": round(took, 1), "start": status["start"]["last"],
-                                         "profile_args": status.get("profile", {})})
+                                         "active_profile": status.get("profile")})
                 if what == "cold":
                     base = f"http://127.0.0.1:{engine}"
                     record["answers"] = answers(base + "/v1")
@@ -188,7 +188,7 @@ def main() -> int:
     for profile in a.profiles.split(","):
         t0 = time.monotonic()
         rec = run_profile(a.model.resolve(), profile, a.warm, a.out, a.profile_dirs or PROFILE_DIRS) | {
-            "environment": env, "date": time.strftime("%Y-%m-%d"), "wall_s": None,
+            "environment": env, "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(["benchmarks/gpu_engine/run_engine.py", *sys.argv[1:]])}
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         (a.out / f"{profile}.json").write_text(json.dumps(rec, indent=1) + "\n")

@@ -39,7 +39,7 @@ SHAPES: dict[str, dict] = {c.name: {"num_local_experts": c.experts} for c in CAT
 SHARED_SIZES = dict(hidden_size=2880, intermediate_size=2880, num_experts_per_tok=4, head_dim=64,
                     num_attention_heads=64, num_key_value_heads=8)
 INIT_STD = demo_model.INIT_STD
-E2M1_SCALE_EXPONENTS = (-8, -7, -6)  # of the E8M0 scales drawn (bias 127)
+SCALE_BYTES = (127 - 8, 127 - 6)  # E8M0 scales drawn: 2^-8..2^-6 (bias 127)
 
 
 class ShapedModelError(demo_model.DemoModelError):
@@ -118,12 +118,25 @@ def _make(t: Tensor, g):
 
     if t.fill == "ones":
         return torch.ones(t.shape, dtype=torch.bfloat16)
-    if t.fill == "normal":
-        return (torch.randn(t.shape, generator=g) * INIT_STD).to(torch.bfloat16)
-    if t.fill == "codes":
-        return torch.randint(0, 256, t.shape, generator=g, dtype=torch.uint8)
-    exps = torch.tensor([127 + x for x in E2M1_SCALE_EXPONENTS], dtype=torch.uint8)
-    return exps[torch.randint(0, len(exps), t.shape, generator=g)]
+    return (torch.randn(t.shape, generator=g) * INIT_STD).to(torch.bfloat16)
+
+
+def _shard(tensors: list[Tensor], g) -> dict:
+    """One shard's tensors; each `*_blocks` is drawn with its `*_scales` by mxfp4.random_mxfp4."""
+    from ..mxfp4 import random_mxfp4  # torch: not at import, the installer's CLI loads this module
+
+    out = {}
+    for t in tensors:
+        if t.fill == "scales":
+            continue  # drawn with its blocks, which come first
+        if t.fill == "codes":
+            e, n, kb, _ = t.shape
+            packed, scales = random_mxfp4((e, n, kb * 32), generator=g, scale_exp=SCALE_BYTES)
+            out[t.name] = packed.reshape(t.shape)
+            out[t.name.removesuffix("_blocks") + "_scales"] = scales
+        else:
+            out[t.name] = _make(t, g)
+    return out
 
 
 def _write_weights(out: Path, values: dict, seed: int) -> None:
@@ -137,7 +150,7 @@ def _write_weights(out: Path, values: dict, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     weight_map = {}
     for file_name, tensors in shards(values).items():  # one shard in memory at a time
-        save_file({t.name: _make(t, g) for t in tensors}, out / file_name, metadata={"format": "pt"})
+        save_file(_shard(tensors, g), out / file_name, metadata={"format": "pt"})
         weight_map |= {t.name: file_name for t in tensors}
     size = sum(p.stat().st_size for p in out.glob("model-*.safetensors"))
     (out / "model.safetensors.index.json").write_text(
